@@ -1,28 +1,73 @@
-"""The ``gym-obs`` command."""
+"""The ``gym-obs`` command.
+
+A dispatcher: each subcommand registers its parser and a handler (``args.handler``) in one
+``_add_<command>`` function, and imports its implementation only when it runs, so ``gym-obs --version``
+stays fast and optional extras are needed only by the subcommands that use them.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from gym_obs import __version__
 
+_Subparsers = argparse._SubParsersAction  # argparse keeps the subparsers type private
+
+
+def _dashboards_build(args: argparse.Namespace) -> int:
+    try:
+        from gym_obs.dashboards import stale_dashboards, write_dashboards
+
+        if args.check:
+            stale = stale_dashboards(args.out)
+            for path in stale:
+                print(f"out of date: {path} (run `gym-obs dashboards build`)", file=sys.stderr)
+            return 1 if stale else 0
+        for path in write_dashboards(args.out):
+            print(path)
+    except ModuleNotFoundError as exc:  # pragma: no cover - depends on the installed extras
+        print(f"gym-obs dashboards needs the 'dashboards' extra: pip install 'gym-obs[dashboards]' ({exc})")
+        return 2
+    return 0
+
+
+def _add_dashboards(subparsers: _Subparsers[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser("dashboards", help="Grafana dashboards built from the telemetry names")
+    actions = parser.add_subparsers(dest="dashboards_command", metavar="ACTION", required=True)
+    build = actions.add_parser("build", help="write dashboards/*.json (deterministic)")
+    build.add_argument(
+        "--out", type=Path, default=Path("dashboards"), help="output directory (default: dashboards)"
+    )
+    build.add_argument("--check", action="store_true", help="write nothing; exit 1 if a file is out of date")
+    build.set_defaults(handler=_dashboards_build)
+
+
+# Each entry adds one subcommand; later subcommands (serve, harness, ...) append theirs here.
+_COMMANDS: tuple[Callable[[_Subparsers[argparse.ArgumentParser]], None], ...] = (
+    _add_dashboards,
+)
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gym-obs", description=__doc__)
+    parser = argparse.ArgumentParser(prog="gym-obs", description="The gym_obs command line.")
     parser.add_argument("--version", action="version", version=f"gym-obs {__version__}")
-    parser.add_subparsers(dest="command")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for add_command in _COMMANDS:
+        add_command(subparsers)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command is None:
+    handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)
+    if handler is None:
         parser.print_help()
         return 0
-    return 0
+    return handler(args)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -6,9 +6,12 @@ place with errors that name the bad key. Standard library and pydantic only: eve
 
 from __future__ import annotations
 
-from typing import Literal
+import difflib
+import os
+import re
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 OtlpProtocol = Literal["http/protobuf", "grpc"]
 
@@ -38,6 +41,7 @@ class TelemetryConfig(_Strict):
     span_queue_size: int = Field(default=2048, gt=0)
     span_batch_size: int = Field(default=512, gt=0)
     export_timeout_ms: int = Field(default=10_000, gt=0)
+    file_export_dir: str | None = None  # exporter `file`: OTLP JSON lines here (else GYM_OBS_TELEMETRY_DIR)
 
 
 class GlobalAIOHTTPAsyncClientConfig(_Strict):
@@ -54,3 +58,146 @@ class GlobalAIOHTTPAsyncClientConfig(_Strict):
     global_aiohttp_tcp_keepalive_probes: int = Field(default=3, gt=0)
     global_aiohttp_client_request_debug: bool = False
     global_aiohttp_max_retry_seconds: float = Field(default=60.0, gt=0)
+    # Idle pooled connections are closed by the client after this long. Kept below uvicorn's default
+    # ``timeout_keep_alive`` (5 s) so the client, not the server, closes an idle connection first: a request
+    # written onto a connection the server is closing at that moment is the classic lost-request race.
+    global_aiohttp_keepalive_timeout_seconds: float = Field(default=4.0, gt=0)
+    # Backoff between connection-level retries: full jitter over ``base * 2**(retry - 1)``, capped.
+    global_aiohttp_retry_backoff_base_seconds: float = Field(default=0.1, ge=0)
+    global_aiohttp_retry_backoff_cap_seconds: float = Field(default=5.0, ge=0)
+    # The control pool (health checks, head server) gets a finite total timeout; data calls (model
+    # generations) may legitimately take minutes and have none unless the caller passes one.
+    global_aiohttp_control_timeout_seconds: float = Field(default=30.0, gt=0)
+
+
+# --- server runtime: head server, server instances, the global config ------------------------------------
+
+_SERVER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+_ENTRYPOINT_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"
+
+
+class ConfigError(ValueError):
+    """A global config that cannot be used; the message names every bad key."""
+
+
+class HeadServerConfig(_Strict):
+    """Where the head server listens; every process finds the others through it."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=11000, ge=1, le=65535)
+
+
+class ServerInstanceConfig(BaseModel):
+    """One server process of the global config.
+
+    Keys not declared here are the server's own configuration and are kept (``model_extra``, or attribute
+    access on the instance); only a key that looks like a misspelt runtime key is rejected.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    entrypoint: str
+    server_type: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    host: str = "127.0.0.1"
+    port: int = Field(ge=1, le=65535)
+    num_workers: int = Field(default=1, ge=1)
+    proxy_headers: bool = False
+    forwarded_allow_ips: list[str] | None = None
+    backlog: int = Field(default=2048, gt=0)
+    reuse_port: bool = False
+    # Longer than client pools keep idle connections, so the server never closes one under a client.
+    timeout_keep_alive_s: int = Field(default=75, gt=0)
+    access_log: bool = False
+    log_level: str = "info"
+    startup_timeout_s: float = Field(default=60.0, gt=0)
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _check_entrypoint(cls, value: str) -> str:
+        if not re.match(_ENTRYPOINT_PATTERN, value):
+            raise ValueError("must look like 'package.module:ClassName'")
+        return value
+
+    @model_validator(mode="after")
+    def _reject_misspelt_keys(self) -> ServerInstanceConfig:
+        for key in self.model_extra or {}:
+            close = difflib.get_close_matches(key, type(self).model_fields, n=1, cutoff=0.85)
+            if close:
+                raise ValueError(f"unknown key {key!r} (did you mean {close[0]!r}?)")
+        return self
+
+    def own_config(self) -> dict[str, Any]:
+        """The server's own keys (everything the runtime does not interpret)."""
+        return dict(self.model_extra or {})
+
+
+class GlobalConfig(_Strict):
+    """The whole deployment: head server, telemetry, client pools and every server process."""
+
+    head_server: HeadServerConfig = Field(default_factory=HeadServerConfig)
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
+    client: GlobalAIOHTTPAsyncClientConfig = Field(default_factory=GlobalAIOHTTPAsyncClientConfig)
+    servers: dict[str, ServerInstanceConfig] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check_names_and_ports(self) -> GlobalConfig:
+        seen: dict[tuple[str, int], str] = {(self.head_server.host, self.head_server.port): "head_server"}
+        for name, server in self.servers.items():
+            if not re.match(_SERVER_NAME_PATTERN, name):
+                raise ValueError(f"servers.{name}: server names use letters, digits, '_', '.', '-'")
+            key = (server.host, server.port)
+            if key in seen:
+                raise ValueError(
+                    f"servers.{name}.port: {server.host}:{server.port} is already used by {seen[key]}"
+                )
+            seen[key] = f"servers.{name}"
+        return self
+
+    def server(self, name: str) -> ServerInstanceConfig:
+        """The named server's config, with an error that lists the known names."""
+        try:
+            return self.servers[name]
+        except KeyError:
+            known = ", ".join(sorted(self.servers)) or "none"
+            raise KeyError(f"no server named {name!r} in the global config (known: {known})") from None
+
+
+def _format_validation_error(error: ValidationError, source: str) -> str:
+    lines = [f"invalid global config ({source}):"]
+    for item in error.errors():
+        where = ".".join(str(part) for part in item["loc"])
+        message = str(item["msg"]).removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            message = "unknown key"
+        elif item["type"] not in ("missing", "value_error", "assertion_error"):
+            shown = repr(item.get("input"))
+            message += f" (got {shown[:80]})"
+        lines.append(f"  {where}: {message}" if where else f"  {message}")
+    return "\n".join(lines)
+
+
+def parse_global_config(data: object, *, source: str = "<config>") -> GlobalConfig:
+    """Validate an already-parsed mapping (YAML/JSON) into a GlobalConfig or raise ConfigError."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"invalid global config ({source}): the top level must be a mapping")
+    try:
+        return GlobalConfig.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(_format_validation_error(error, source)) from None
+
+
+def load_global_config(path: str | os.PathLike[str]) -> GlobalConfig:
+    """Read a YAML global config file; errors name the file and the bad key."""
+    import yaml
+
+    source = os.fspath(path)
+    try:
+        with open(source, encoding="utf-8") as handle:
+            data = yaml.safe_load(handle)
+    except OSError as error:
+        raise ConfigError(f"cannot read global config {source}: {error.strerror or error}") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"invalid YAML in global config {source}: {error}") from None
+    return parse_global_config(data, source=source)

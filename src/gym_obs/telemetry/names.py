@@ -33,6 +33,7 @@ ATTR_ERROR_TYPE: Final = "error.type"
 ATTR_HTTP_CONNECTION_STATE: Final = "http.connection.state"
 ATTR_EXCEPTION_TYPE: Final = "exception.type"
 ATTR_EXCEPTION_MESSAGE: Final = "exception.message"
+ATTR_EXCEPTION_STACKTRACE: Final = "exception.stacktrace"
 
 # --- gym attributes --------------------------------------------------------------------------------------
 ATTR_ROLLOUT_ID: Final = "gym.rollout.id"
@@ -130,11 +131,30 @@ FAILURE_REPORT_HEADER: Final = "X-NG-Failure-Report"
 ROLLOUT_ID_HEADER: Final = "X-NG-Rollout-Id"
 TRACE_PATH_SEGMENT: Final = "ng-trace"
 ROLLOUT_PATH_SEGMENT: Final = "ng-rollout"
+TOKEN_CAPTURE_PATH_SEGMENT: Final = "ng-token-capture"
 TRACEPARENT_HEADER: Final = "traceparent"
 TRACEPARENT_PATTERN: Final = r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}"
+SESSION_COOKIE: Final = "gym_obs_session"  # signed session token (issue 8)
+SESSION_HEADER: Final = "X-NG-Session"  # the same token for callers without a cookie jar
+SESSION_FORWARDED_HEADER: Final = "X-NG-Session-Forwarded"  # set by a worker proxying to the session owner
 
 # --- environment -----------------------------------------------------------------------------------------
 ENV_TELEMETRY: Final = "GYM_OBS_TELEMETRY"
 ENV_TRACE_PROPAGATION_TARGETS: Final = "GYM_OBS_TRACE_PROPAGATION_TARGETS"
 ENV_RUN_ID: Final = "GYM_OBS_RUN_ID"
 ENV_LOG_JSON: Final = "GYM_OBS_LOG_JSON"
+ENV_TELEMETRY_DIR: Final = "GYM_OBS_TELEMETRY_DIR"  # where the `file` exporter writes OTLP JSON lines
+ENV_GLOBAL_CONFIG: Final = "GYM_OBS_GLOBAL_CONFIG"  # resolved global config (JSON) for launched servers
+ENV_SERVER_NAME: Final = "GYM_OBS_SERVER_NAME"  # which server of the global config this process runs
+# Subprocess agents (issue 8): a child process reaches its model server through this already-prefixed URL.
+ENV_MODEL_SERVER_NAME: Final = "GYM_OBS_MODEL_SERVER_NAME"
+ENV_MODEL_SERVER_BASE_URL: Final = "GYM_OBS_MODEL_SERVER_BASE_URL"
+# Sessions (issue 8): the secret session keys are derived from (shared by a server's workers), and the
+# directory where a multi-worker server's workers register their private loopback ports.
+ENV_SESSION_SECRET: Final = "GYM_OBS_SESSION_SECRET"
+ENV_SESSION_ROUTING_DIR: Final = "GYM_OBS_SESSION_ROUTING_DIR"
+
+# --- failure reports (issue 4) ---------------------------------------------------------------------------
+ATTR_FAILURE_CAUSE_ID: Final = "gym.failure.cause_id"
+FAILURE_REPORT_BODY_KEY: Final = "ng_failure_report"
+"""Key of the failure report (payload object or encoded string) in a JSON error-reply body."""

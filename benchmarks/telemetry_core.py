@@ -1,0 +1,116 @@
+"""Cost per call of the telemetry core's hot helpers, and of an instrumented site with telemetry off.
+
+Run: ``python3 benchmarks/telemetry_core.py [--runs N]``. Each case is timed in several runs (each run
+loops enough calls to take a measurable time) and the median per-call cost is printed, next to an empty
+function call measured in the same process as the baseline. Exit status 1 if the disabled instrumented site
+costs 1 µs or more per call (the issue's budget).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import timeit
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gym_obs.telemetry import names
+from gym_obs.telemetry._state import STATE
+from gym_obs.telemetry.bodies import bounded_excerpt
+from gym_obs.telemetry.redaction import redact_url, scrub_text
+from gym_obs.telemetry.spans import client_span
+from gym_obs.telemetry.testing import capture_telemetry
+
+DISABLED_SITE_BUDGET_S = 1e-6
+
+URL = "https://user:pass@api.example.com:8443/v1/chat/completions?api_key=abc&stream=true#frag"
+ERROR_TEXT = (
+    "Traceback (most recent call last):\n"
+    + '  File "/srv/app/handler.py", line 42, in handle\n    result = await call_model(payload)\n' * 20
+    + "aiohttp.ClientResponseError: 401, message='Unauthorized', url='https://api.example.com/v1?key=x'\n"
+    + "request headers: {'Authorization': 'Bearer sk-abcdefghijklmnopqrstuvwxyz', 'Content-Type': 'json'}\n"
+)
+BODY_10MB_BYTES = (b"<html><body>" + b"upstream error page line\n" * 419_430)[: 10 * 1024 * 1024] + (
+    b"\nRuntimeError: the last line\n"
+)
+BODY_10MB_STR = BODY_10MB_BYTES.decode()
+
+
+@dataclass(frozen=True)
+class Result:
+    name: str
+    median_s: float
+    runs: list[float]
+
+
+def _per_call(fn: Callable[[], object], runs: int) -> list[float]:
+    """Per-call seconds for ``runs`` runs; each run loops enough calls to take >= 0.2 s (autorange)."""
+    timer = timeit.Timer(fn)
+    number, _ = timer.autorange()
+    return [t / number for t in timer.repeat(repeat=runs, number=number)]
+
+
+def _baseline() -> None:
+    return None
+
+
+def _disabled_site() -> None:
+    """The instrumented-site pattern every hot path uses: one flag check, nothing more when off."""
+    if STATE.enabled:
+        with client_span("GET", **{names.ATTR_URL_FULL: URL}):
+            pass
+
+
+def _client_span_unguarded() -> None:
+    with client_span("GET", **{names.ATTR_URL_FULL: URL}):
+        pass
+
+
+def measure(runs: int) -> list[Result]:
+    assert not STATE.enabled, "run the benchmark with telemetry off"
+    cases: list[tuple[str, Callable[[], object]]] = [
+        ("baseline: empty function call", _baseline),
+        ("instrumented site, telemetry off (`if STATE.enabled:`)", _disabled_site),
+        ("client_span() unguarded, telemetry off", _client_span_unguarded),
+        ("redact_url (URL with userinfo, query, fragment)", lambda: redact_url(URL)),
+        (f"scrub_text ({len(ERROR_TEXT)} chars traceback with secrets)", lambda: scrub_text(ERROR_TEXT)),
+        ("bounded_excerpt (10 MB bytes body)", lambda: bounded_excerpt(BODY_10MB_BYTES)),
+        ("bounded_excerpt (10 MB str body)", lambda: bounded_excerpt(BODY_10MB_STR)),
+    ]
+    results = [Result(name, statistics.median(r), r) for name, fn in cases for r in [_per_call(fn, runs)]]
+    with capture_telemetry() as capture:
+        timings = _per_call(_disabled_site, runs)
+        capture.clear()
+    enabled = "instrumented site, telemetry on (in-memory exporter)"
+    results.append(Result(enabled, statistics.median(timings), timings))
+    return results
+
+
+def _fmt(seconds: float) -> str:
+    if seconds < 1e-6:
+        return f"{seconds * 1e9:.0f} ns"
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.2f} µs"
+    return f"{seconds * 1e3:.2f} ms"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--runs", type=int, default=7, help="timed runs per case (median reported)")
+    args = parser.parse_args(argv)
+    results = measure(args.runs)
+    baseline = results[0].median_s
+    print(f"Python {sys.version.split()[0]}, {args.runs} runs per case, median per call")
+    print(f"| {'case':<62} | {'per call':>10} | {'x baseline':>10} |")
+    print(f"|{'-' * 64}|{'-' * 11}:|{'-' * 11}:|")
+    for result in results:
+        print(f"| {result.name:<62} | {_fmt(result.median_s):>10} | {result.median_s / baseline:>10.1f} |")
+    disabled = results[1].median_s
+    verdict = "OK" if disabled < DISABLED_SITE_BUDGET_S else "OVER BUDGET"
+    print(f"disabled instrumented site: {_fmt(disabled)} per call (budget 1 µs): {verdict}")
+    return 0 if disabled < DISABLED_SITE_BUDGET_S else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""Bounds, id format and the one error type shared by every failure module.
+
+Every limit a remote report is checked against lives here, so the encoder (which must produce reports the
+decoder accepts) and the validator cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from typing import Final
+
+EVENT_ID_PREFIX: Final = "fe_"
+EVENT_ID_PATTERN: Final = r"fe_[0-9a-f]{24}"
+EVENT_ID_RE: Final = re.compile(EVENT_ID_PATTERN)
+TRACE_ID_RE: Final = re.compile(r"[0-9a-f]{32}")
+SPAN_ID_RE: Final = re.compile(r"[0-9a-f]{16}")
+
+MAX_REASON_CHARS: Final = 1000
+"""A failure reason is a sentence, not a log file."""
+MAX_TYPE_NAME_CHARS: Final = 200
+MAX_LABEL_CHARS: Final = 128
+"""rollout ids and server names."""
+MAX_DETAILS_BYTES: Final = 2048
+"""Serialized size of ``details``; larger details are replaced by a truncation marker."""
+MAX_DETAILS_DEPTH: Final = 4
+MAX_DETAILS_ITEMS: Final = 32
+MAX_DETAILS_STRING_CHARS: Final = 256
+MAX_EVENTS: Final = 64
+"""Events in one report (the final failure's chain plus recovered failures)."""
+MAX_DEPTH: Final = 32
+"""Longest cause chain in one report; longer chains are cut in the middle."""
+MAX_SKIPPED: Final = 1_000_000
+MAX_HTTP_STATUS: Final = 599
+MIN_HTTP_STATUS: Final = 100
+
+
+class InvalidFailureReport(ValueError):
+    """A failure report (or record) failed validation; the only error decoding may raise."""
+
+
+def new_event_id() -> str:
+    """A fresh event id: ``fe_`` and 96 random bits in hex."""
+    return EVENT_ID_PREFIX + secrets.token_hex(12)
+
+
+def bounded(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, marking the cut with an ellipsis."""
+    if len(text) <= limit:
+        return text
+    return text[: limit - 1] + "…"

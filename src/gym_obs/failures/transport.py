@@ -1,0 +1,273 @@
+"""Failure reports across HTTP hops: the header codec, the per-request failure log and observation.
+
+A server keeps one :class:`RequestFailureLog` per request (a context variable, so tasks spawned by the
+handler share it). ``observe_failure`` records a failure where it is first seen — a retry may still recover
+from it — and counts it once (``gym.failure.events`` plus an ``exception`` span event). ``observe_reply``
+merges reports forwarded by other gym servers without counting them again. At reply time the server sends
+``log.report(final=error)`` encoded in the ``X-NG-Failure-Report`` header (and, for an unhandled error, as
+``{"ng_failure_report": payload}`` in the JSON body). No aiohttp or FastAPI here: a reply is anything with
+a ``.headers`` mapping, or the mapping itself.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from contextvars import ContextVar
+from typing import Any, Final
+
+from opentelemetry import trace
+from opentelemetry.util.types import AttributeValue
+
+from gym_obs.failures._base import MAX_EVENTS, MAX_SKIPPED, InvalidFailureReport
+from gym_obs.failures._codec import (
+    MAX_DECOMPRESSED_BYTES,
+    MAX_ENCODED_CHARS,
+    VERSION_PREFIX,
+    decode_report,
+    encode_report,
+)
+from gym_obs.failures._shrink import trim_to_count
+from gym_obs.failures._validation import check_graph
+from gym_obs.failures.event import NgFailureEvent
+from gym_obs.failures.kinds import failure_kind_label
+from gym_obs.failures.report import FailureReport, _walk
+from gym_obs.telemetry import names
+from gym_obs.telemetry._state import STATE
+from gym_obs.telemetry.bodies import bounded_excerpt
+
+__all__ = [
+    "FAILURE_REPORT_BODY_KEY",
+    "FAILURE_REPORT_HEADER",
+    "MAX_DECOMPRESSED_BYTES",
+    "MAX_ENCODED_CHARS",
+    "VERSION_PREFIX",
+    "InvalidFailureReport",
+    "RequestFailureLog",
+    "current_failure_log",
+    "decode_failure_report",
+    "encode_failure_report",
+    "observe_failure",
+    "observe_reply",
+    "report_from_reply_header",
+    "request_failure_log",
+]
+
+FAILURE_REPORT_HEADER: Final = names.FAILURE_REPORT_HEADER
+FAILURE_REPORT_BODY_KEY: Final = names.FAILURE_REPORT_BODY_KEY
+_HEADER_LOWER: Final = FAILURE_REPORT_HEADER.lower()
+_SPAN_REASON_CHARS: Final = 1000
+
+_log = logging.getLogger("gym_obs.failures")
+_warned_invalid = False
+
+_CURRENT_LOG: ContextVar[RequestFailureLog | None] = ContextVar("gym_obs_failure_log", default=None)
+
+
+def encode_failure_report(report: FailureReport, max_bytes: int = 4096) -> str:
+    """``report`` as an ASCII header value of at most ``max_bytes`` characters, versioned ``v1.``.
+
+    What does not fit is cut by the stated rule (middle events first; the final failure and its root cause
+    are kept) and marked as truncated; ``""`` means not even the final failure fits (send no header).
+    """
+    return encode_report(report, max_bytes)
+
+
+def decode_failure_report(value: object) -> FailureReport:
+    """Decode and validate a forwarded report; raises only ``InvalidFailureReport``, in bounded time."""
+    return decode_report(value)
+
+
+class RequestFailureLog:
+    """The failures one request observed (its own and those forwarded by other gym servers)."""
+
+    __slots__ = ("_dropped", "_events")
+
+    def __init__(self) -> None:
+        self._events: dict[str, dict[str, Any]] = {}
+        self._dropped = 0
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    @property
+    def events(self) -> Mapping[str, Mapping[str, Any]]:
+        """Observed records keyed by event id (read-only view; insertion order)."""
+        return self._events
+
+    def merge(self, report: FailureReport) -> None:
+        """Add ``report``'s events not already present; never counts, never raises.
+
+        A merge that would close a cycle or exceed the depth bound (only possible with inconsistent remote
+        input) is refused as a whole; beyond ``MAX_EVENTS`` the newest events are cut by the drop rule.
+        """
+        new = {eid: record for eid, record in report.events.items() if eid not in self._events}
+        self._dropped = min(self._dropped + report.dropped, MAX_SKIPPED)
+        if not new:
+            return
+        combined = {**self._events, **new}
+        try:
+            check_graph(combined)
+        except InvalidFailureReport:
+            _warn_invalid("a forwarded failure report conflicts with events already observed")
+            return
+        combined, trimmed = trim_to_count(combined, None, MAX_EVENTS)
+        self._events = combined
+        self._dropped = min(self._dropped + trimmed, MAX_SKIPPED)
+
+    def report(self, final: BaseException | None = None) -> FailureReport | None:
+        """The report to send with the reply: ``final``'s failure (if any) plus every observed event.
+
+        ``None`` when there is nothing to report. The final failure's chain takes precedence: observed
+        events are added around it and cut first if the report would exceed ``MAX_EVENTS``.
+        """
+        base, _ = _walk(final)
+        if base.failure_id is None and not self._events:
+            return None
+        extra = {eid: record for eid, record in self._events.items() if eid not in base.events}
+        combined = {**base.events, **extra}
+        if extra:
+            try:
+                check_graph(combined)
+            except InvalidFailureReport:
+                combined = dict(base.events)
+        combined, trimmed = trim_to_count(combined, base.failure_id, MAX_EVENTS)
+        dropped = min(base.dropped + self._dropped + trimmed, MAX_SKIPPED)
+        return FailureReport.model_construct(
+            failure_id=base.failure_id, events=combined, truncated=dropped > 0, dropped=dropped
+        )
+
+
+class request_failure_log:  # lower case: used like the function it replaced
+    """Make a fresh log current for the duration of one request (the server middleware uses this).
+
+    A class rather than a ``@contextmanager`` generator: it runs once per request on every gym server,
+    and the generator machinery costs more than the log itself.
+    """
+
+    __slots__ = ("_token", "log")
+
+    def __init__(self) -> None:
+        self.log = RequestFailureLog()
+
+    def __enter__(self) -> RequestFailureLog:
+        self._token = _CURRENT_LOG.set(self.log)
+        return self.log
+
+    def __exit__(self, *_exc: object) -> None:
+        _CURRENT_LOG.reset(self._token)
+
+
+def current_failure_log() -> RequestFailureLog | None:
+    """The log of the request being handled, if any."""
+    return _CURRENT_LOG.get()
+
+
+def observe_failure(error: BaseException) -> FailureReport:
+    """Record ``error``'s failures in the current log; count each gym event the first time it is seen.
+
+    Events rebuilt from another process's report are never counted again (they were counted there).
+    Never raises; returns the report of ``error`` (empty when it carries no gym failure).
+    """
+    try:
+        report, gym_events = _walk(error)
+    except Exception:  # pragma: no cover - the walker is total; this guards the request path anyway
+        _log.exception("failed to walk a failure chain")
+        return FailureReport.model_construct(failure_id=None, events={}, truncated=False, dropped=0)
+    for event in gym_events:
+        if not event._observed:
+            event._observed = True
+            _count(event)
+    log = _CURRENT_LOG.get()
+    if log is not None:
+        log.merge(report)
+    return report
+
+
+def report_from_reply_header(reply: object) -> FailureReport | None:
+    """The valid report in a reply's ``X-NG-Failure-Report`` header, else ``None``; never raises."""
+    value = _header_value(reply)
+    if value is None:
+        return None
+    try:
+        return decode_report(value)
+    except InvalidFailureReport as exc:
+        _warn_invalid(f"ignored an invalid forwarded failure report: {exc}")
+        return None
+
+
+def observe_reply(reply: object) -> FailureReport | None:
+    """Merge the report forwarded in ``reply``'s header into the current log (never counted again).
+
+    ``reply`` is a response object with ``.headers`` or a headers mapping. Returns the valid report, if
+    any; an invalid header is logged and ignored. Never raises.
+    """
+    report = report_from_reply_header(reply)
+    if report is not None:
+        log = _CURRENT_LOG.get()
+        if log is not None:
+            log.merge(report)
+    return report
+
+
+def _header_value(reply: object) -> object:
+    try:
+        headers = getattr(reply, "headers", reply)
+        if not isinstance(headers, Mapping):
+            return None
+        value = headers.get(FAILURE_REPORT_HEADER)
+        if value is None:
+            for key, item in headers.items():
+                if isinstance(key, str) and key.lower() == _HEADER_LOWER:
+                    return item
+        return value
+    except Exception:
+        return None
+
+
+def _count(event: NgFailureEvent) -> None:
+    """The first observation: one counter increment and one span event. Off means a flag check."""
+    if not STATE.enabled:
+        return
+    try:
+        labels: dict[str, AttributeValue] = {
+            names.ATTR_FAILURE_KIND: failure_kind_label(event.failure_kind),
+            names.ATTR_FAILURE_BOUNDARY: event.boundary,
+        }
+        if event.stage is not None:
+            labels[names.ATTR_FAILURE_STAGE] = event.stage
+        instruments = STATE.instruments
+        if instruments is not None:
+            instruments.failure_events.add(1, labels)
+        span = trace.get_current_span()
+        if span.is_recording():
+            span.record_exception(event, attributes=_span_attributes(event))
+    except Exception:
+        _log.debug("failed to record a failure event", exc_info=True)
+
+
+def _span_attributes(event: NgFailureEvent) -> dict[str, AttributeValue]:
+    attributes: dict[str, AttributeValue] = {
+        names.ATTR_EXCEPTION_MESSAGE: bounded_excerpt(str(event), _SPAN_REASON_CHARS),
+        names.ATTR_FAILURE_EVENT_ID: event.event_id,
+        names.ATTR_FAILURE_KIND: event.failure_kind,
+        names.ATTR_FAILURE_BOUNDARY: event.boundary,
+        names.ATTR_FAILURE_REASON: event.failure_reason,
+    }
+    if event.stage is not None:
+        attributes[names.ATTR_FAILURE_STAGE] = event.stage
+    if event.http_status is not None:
+        attributes[names.ATTR_FAILURE_HTTP_STATUS] = event.http_status
+    if event.cause_id is not None:
+        attributes[names.ATTR_FAILURE_CAUSE_ID] = event.cause_id
+    return attributes
+
+
+def _warn_invalid(message: str) -> None:
+    """Hostile peers must not flood the log: warn once per process, then debug."""
+    global _warned_invalid
+    if _warned_invalid:
+        _log.debug(message)
+    else:
+        _warned_invalid = True
+        _log.warning(message)

@@ -1,0 +1,342 @@
+"""Resolve telemetry settings: explicit config, else the standard ``OTEL_*`` environment, else defaults.
+
+Pure (the environment is passed in) so every garbage value can be tested in-process. A bad value never
+raises: it becomes a *problem* (one sentence naming the variable, the value and what happens instead) and the
+setting falls back to something safe, usually "that part of telemetry is off".
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Final
+from urllib.parse import unquote, urlsplit
+
+from gym_obs.config import TelemetryConfig
+from gym_obs.telemetry import names
+from gym_obs.telemetry.propagation import parse_propagation_targets
+from gym_obs.telemetry.redaction import scrub_text
+
+TRACES_EXPORTERS: Final = ("otlp", "console", "file", "none")
+METRICS_EXPORTERS: Final = ("otlp", "console", "prometheus", "file", "none")
+DEFAULT_FILE_EXPORT_DIR: Final = "telemetry"
+PROTOCOLS: Final = ("http/protobuf", "grpc")
+SAMPLERS: Final = (
+    "always_on",
+    "always_off",
+    "traceidratio",
+    "parentbased_always_on",
+    "parentbased_always_off",
+    "parentbased_traceidratio",
+)
+DEFAULT_SAMPLER: Final = "parentbased_always_on"
+DEFAULT_METRIC_EXPORT_INTERVAL_MS: Final = 60_000
+DEFAULT_PROMETHEUS_HOST: Final = "localhost"
+DEFAULT_PROMETHEUS_PORT: Final = 9464
+_DEFAULT_ENDPOINTS: Final = {"http/protobuf": "http://localhost:4318", "grpc": "http://localhost:4317"}
+_HTTP_PATHS: Final = {"traces": "/v1/traces", "metrics": "/v1/metrics"}
+_TRUE: Final = frozenset({"1", "true", "yes", "on"})
+_FALSE: Final = frozenset({"", "0", "false", "no", "off"})
+
+
+@dataclass(frozen=True)
+class OtlpTarget:
+    """Where one signal is exported over OTLP."""
+
+    protocol: str
+    endpoint: str
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything ``setup_telemetry`` needs, already validated."""
+
+    enabled: bool
+    traces_exporters: tuple[str, ...]
+    metrics_exporters: tuple[str, ...]
+    otlp_traces: OtlpTarget | None
+    otlp_metrics: OtlpTarget | None
+    sampler: str
+    sampler_ratio: float
+    metric_export_interval_ms: int
+    prometheus_host: str
+    prometheus_port: int
+    resource_attributes: dict[str, str]  # from OTEL_RESOURCE_ATTRIBUTES; config ones are applied last
+    run_id: str
+    propagation_targets: frozenset[str]
+    span_queue_size: int
+    span_batch_size: int
+    export_timeout_ms: int
+    problems: tuple[str, ...] = field(default=())
+    file_export_dir: str = DEFAULT_FILE_EXPORT_DIR  # for the `file` exporter
+
+
+class _Problems:
+    def __init__(self) -> None:
+        self.items: list[str] = []
+
+    def add(self, message: str) -> None:
+        if message not in self.items:
+            self.items.append(message)
+
+
+def _env(env: Mapping[str, str], name: str) -> str | None:
+    value = env.get(name)
+    return value.strip() if isinstance(value, str) and value.strip() else None
+
+
+def _parse_bool(name: str, raw: str | None, problems: _Problems) -> bool:
+    value = (raw or "").strip().lower()
+    if value in _TRUE:
+        return True
+    if value not in _FALSE:
+        problems.add(f"{name}={raw!r} is not a boolean (use 1 or 0); telemetry stays off")
+    return False
+
+
+def _exporters(source: str, raw: str, allowed: tuple[str, ...], problems: _Problems) -> tuple[str, ...]:
+    chosen: list[str] = []
+    for item in raw.split(","):
+        name = item.strip().lower()
+        if not name:
+            continue
+        if name not in allowed:
+            problems.add(
+                f"{source}: unknown exporter {item.strip()!r} (expected one of {', '.join(allowed)}); ignored"
+            )
+        elif name != "none" and name not in chosen:
+            chosen.append(name)
+    return tuple(chosen)
+
+
+def _protocol(source: str, raw: str, problems: _Problems) -> str:
+    value = raw.strip().lower()
+    if value in PROTOCOLS:
+        return value
+    problems.add(
+        f"{source}={raw!r} is not a supported OTLP protocol ({', '.join(PROTOCOLS)}); using http/protobuf"
+    )
+    return "http/protobuf"
+
+
+def _valid_endpoint(url: str) -> bool:
+    try:
+        parts = urlsplit(url)
+        _ = parts.port
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
+def _otlp_target(
+    signal: str, config: TelemetryConfig, env: Mapping[str, str], problems: _Problems
+) -> OtlpTarget | None:
+    upper = signal.upper()
+    protocol_source = f"OTEL_EXPORTER_OTLP_{upper}_PROTOCOL"
+    raw_protocol = _env(env, protocol_source)
+    if raw_protocol is None:
+        protocol_source = "OTEL_EXPORTER_OTLP_PROTOCOL"
+        raw_protocol = _env(env, protocol_source)
+    protocol = config.otlp_protocol or (
+        _protocol(protocol_source, raw_protocol, problems) if raw_protocol else "http/protobuf"
+    )
+    signal_endpoint = _env(env, f"OTEL_EXPORTER_OTLP_{upper}_ENDPOINT")
+    if config.otlp_endpoint:
+        source, base, exact = "config otlp_endpoint", config.otlp_endpoint.strip(), False
+    elif signal_endpoint:
+        source, base, exact = f"OTEL_EXPORTER_OTLP_{upper}_ENDPOINT", signal_endpoint, True
+    elif _env(env, "OTEL_EXPORTER_OTLP_ENDPOINT"):
+        source, base, exact = (
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            _env(env, "OTEL_EXPORTER_OTLP_ENDPOINT") or "",
+            False,
+        )
+    else:
+        source, base, exact = "default", _DEFAULT_ENDPOINTS[protocol], False
+    if not _valid_endpoint(base):
+        problems.add(
+            f"{source}={scrub_text(base)[:120]!r} is not an http(s) URL with a host;"
+            f" OTLP {signal} export is off"
+        )
+        return None
+    endpoint = base if exact or protocol == "grpc" else base.rstrip("/") + _HTTP_PATHS[signal]
+    return OtlpTarget(protocol=protocol, endpoint=endpoint)
+
+
+def _sampler(config: TelemetryConfig, env: Mapping[str, str], problems: _Problems) -> tuple[str, float]:
+    source = "config sampler" if config.sampler else "OTEL_TRACES_SAMPLER"
+    raw = config.sampler or _env(env, "OTEL_TRACES_SAMPLER") or DEFAULT_SAMPLER
+    name = raw.strip().lower()
+    if name not in SAMPLERS:
+        problems.add(
+            f"{source}={raw!r} is not a known sampler ({', '.join(SAMPLERS)}); using {DEFAULT_SAMPLER}"
+        )
+        name = DEFAULT_SAMPLER
+    ratio = 1.0
+    arg_source = "config sampler_arg" if config.sampler_arg else "OTEL_TRACES_SAMPLER_ARG"
+    raw_arg = config.sampler_arg or _env(env, "OTEL_TRACES_SAMPLER_ARG")
+    if name.endswith("traceidratio") and raw_arg is not None:
+        try:
+            ratio = float(raw_arg)
+            if not 0.0 <= ratio <= 1.0:
+                raise ValueError(raw_arg)
+        except ValueError:
+            problems.add(f"{arg_source}={raw_arg!r} is not a ratio between 0 and 1; sampling everything")
+            ratio = 1.0
+    return name, ratio
+
+
+def _positive_int(source: str, raw: str | None, default: int, problems: _Problems) -> int:
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+        if value <= 0:
+            raise ValueError(raw)
+    except ValueError:
+        problems.add(f"{source}={raw!r} is not a positive integer; using {default}")
+        return default
+    return value
+
+
+def _port(source: str, raw: str | None, default: int, problems: _Problems) -> int:
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+        if not 0 <= value <= 65535:
+            raise ValueError(raw)
+    except ValueError:
+        problems.add(f"{source}={raw!r} is not a TCP port; using {default}")
+        return default
+    return value
+
+
+def parse_resource_attributes(raw: str | None, problems: _Problems | None = None) -> dict[str, str]:
+    """Parse ``OTEL_RESOURCE_ATTRIBUTES`` (``k=v,k2=v2``, values percent-decoded); bad pairs are skipped."""
+    result: dict[str, str] = {}
+    if not raw:
+        return result
+    bad: list[str] = []
+    for item in raw.split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            bad.append(item.strip())
+            continue
+        result[key.strip()] = unquote(value.strip())
+    if bad and problems is not None:
+        shown = ", ".join(repr(b[:40]) for b in bad[:3])
+        problems.add(
+            f"OTEL_RESOURCE_ATTRIBUTES has entries that are not key=value ({shown}); they are ignored"
+        )
+    return result
+
+
+def resolve_settings(config: TelemetryConfig, env: Mapping[str, str]) -> Settings:
+    """Merge ``config`` (wins), ``env`` and defaults into validated :class:`Settings`."""
+    problems = _Problems()
+    if config.enabled is not None:
+        enabled = config.enabled
+    else:
+        enabled = _parse_bool(names.ENV_TELEMETRY, env.get(names.ENV_TELEMETRY), problems)
+    if enabled and (_env(env, "OTEL_SDK_DISABLED") or "").lower() == "true" and config.enabled is None:
+        enabled = False
+        problems.add("OTEL_SDK_DISABLED=true; telemetry stays off")
+
+    if not enabled:
+        return _disabled_settings(config, env, problems)
+
+    traces_source = "config traces_exporter" if config.traces_exporter else "OTEL_TRACES_EXPORTER"
+    traces_raw = config.traces_exporter or _env(env, "OTEL_TRACES_EXPORTER") or "otlp"
+    traces = _exporters(traces_source, traces_raw, TRACES_EXPORTERS, problems)
+    metrics_source = "config metrics_exporter" if config.metrics_exporter else "OTEL_METRICS_EXPORTER"
+    metrics_raw = config.metrics_exporter or _env(env, "OTEL_METRICS_EXPORTER") or "otlp"
+    metrics = _exporters(metrics_source, metrics_raw, METRICS_EXPORTERS, problems)
+
+    otlp_traces = _otlp_target("traces", config, env, problems) if "otlp" in traces else None
+    otlp_metrics = _otlp_target("metrics", config, env, problems) if "otlp" in metrics else None
+    if otlp_traces is None:
+        traces = tuple(t for t in traces if t != "otlp")
+    if otlp_metrics is None:
+        metrics = tuple(m for m in metrics if m != "otlp")
+
+    sampler, ratio = _sampler(config, env, problems)
+    interval = config.metric_export_interval_ms or _positive_int(
+        "OTEL_METRIC_EXPORT_INTERVAL",
+        _env(env, "OTEL_METRIC_EXPORT_INTERVAL"),
+        DEFAULT_METRIC_EXPORT_INTERVAL_MS,
+        problems,
+    )
+    prom_host = (
+        config.prometheus_host or _env(env, "OTEL_EXPORTER_PROMETHEUS_HOST") or DEFAULT_PROMETHEUS_HOST
+    )
+    prom_port = (
+        config.prometheus_port
+        if config.prometheus_port is not None
+        else _port(
+            "OTEL_EXPORTER_PROMETHEUS_PORT",
+            _env(env, "OTEL_EXPORTER_PROMETHEUS_PORT"),
+            DEFAULT_PROMETHEUS_PORT,
+            problems,
+        )
+    )
+    resource = parse_resource_attributes(env.get("OTEL_RESOURCE_ATTRIBUTES"), problems)
+    return Settings(
+        enabled=enabled,
+        traces_exporters=traces,
+        metrics_exporters=metrics,
+        otlp_traces=otlp_traces,
+        otlp_metrics=otlp_metrics,
+        sampler=sampler,
+        sampler_ratio=ratio,
+        metric_export_interval_ms=interval,
+        prometheus_host=prom_host,
+        prometheus_port=prom_port,
+        resource_attributes=resource,
+        run_id=_run_id(config, env),
+        propagation_targets=_targets(config, env),
+        span_queue_size=config.span_queue_size,
+        span_batch_size=min(config.span_batch_size, config.span_queue_size),
+        export_timeout_ms=config.export_timeout_ms,
+        problems=tuple(problems.items),
+        file_export_dir=config.file_export_dir
+        or _env(env, names.ENV_TELEMETRY_DIR)
+        or DEFAULT_FILE_EXPORT_DIR,
+    )
+
+
+def _run_id(config: TelemetryConfig, env: Mapping[str, str]) -> str:
+    return config.run_id or _env(env, names.ENV_RUN_ID) or uuid.uuid4().hex
+
+
+def _targets(config: TelemetryConfig, env: Mapping[str, str]) -> frozenset[str]:
+    raw: str | list[str] | None = config.trace_propagation_targets
+    if raw is None:
+        raw = env.get(names.ENV_TRACE_PROPAGATION_TARGETS)
+    return parse_propagation_targets(raw)
+
+
+def _disabled_settings(config: TelemetryConfig, env: Mapping[str, str], problems: _Problems) -> Settings:
+    """Telemetry is off: nothing else is validated (or reported), but routing-relevant parts still apply."""
+    return Settings(
+        enabled=False,
+        traces_exporters=(),
+        metrics_exporters=(),
+        otlp_traces=None,
+        otlp_metrics=None,
+        sampler=DEFAULT_SAMPLER,
+        sampler_ratio=1.0,
+        metric_export_interval_ms=DEFAULT_METRIC_EXPORT_INTERVAL_MS,
+        prometheus_host=DEFAULT_PROMETHEUS_HOST,
+        prometheus_port=DEFAULT_PROMETHEUS_PORT,
+        resource_attributes={},
+        run_id=_run_id(config, env),
+        propagation_targets=_targets(config, env),
+        span_queue_size=config.span_queue_size,
+        span_batch_size=min(config.span_batch_size, config.span_queue_size),
+        export_timeout_ms=config.export_timeout_ms,
+        problems=tuple(problems.items),
+    )

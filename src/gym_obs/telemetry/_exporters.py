@@ -1,0 +1,255 @@
+"""Exporter construction and the wrappers that keep export failures from ever reaching the program.
+
+The SDK already runs exporters off the request path (batch processor, periodic reader), but a dead collector
+makes every batch log a warning and a traceback. Each exporter is wrapped so that failures are logged once
+per outage on ``gym_obs.telemetry`` (and again only after a recovery), exceptions are swallowed, and the
+SDK's own per-batch failure messages are deduplicated.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any, Final
+
+from opentelemetry.sdk.metrics.export import (
+    ConsoleMetricExporter,
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+)
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter, SpanExportResult
+
+from gym_obs.telemetry._env import OtlpTarget
+from gym_obs.telemetry.redaction import redact_url, scrub_text
+
+LOGGER: Final = logging.getLogger("gym_obs.telemetry")
+
+# SDK/exporter loggers that log one line (often with a traceback) per failed batch.
+_NOISY_LOGGERS: Final = (
+    "opentelemetry.exporter.otlp.common.http",
+    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+    "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+    "opentelemetry.exporter.otlp.proto.grpc.exporter",
+    "opentelemetry.sdk._shared_internal",
+    "opentelemetry.sdk.trace.export",
+    "opentelemetry.sdk.metrics._internal.export",
+)
+
+
+class _OncePerMessage(logging.Filter):
+    """Let each distinct message template through once; later repeats are dropped."""
+
+    def __init__(self) -> None:
+        super().__init__("gym_obs.once")
+        self._seen: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.name, str(record.msg))
+        with self._lock:
+            if key in self._seen:
+                return False
+            self._seen.add(key)
+        return True
+
+
+_ONCE_FILTER: Final = _OncePerMessage()
+
+
+def quiet_sdk_loggers() -> None:
+    """Deduplicate the SDK's per-batch export failure messages (idempotent)."""
+    for name in _NOISY_LOGGERS:
+        logger = logging.getLogger(name)
+        if _ONCE_FILTER not in logger.filters:
+            logger.addFilter(_ONCE_FILTER)
+
+
+class _FailureLog:
+    """Logs the first failure of an outage and the recovery after it; nothing in between."""
+
+    def __init__(self, what: str) -> None:
+        self._what = what
+        self._failing = False
+        self._lock = threading.Lock()
+
+    def failed(self, reason: str) -> None:
+        with self._lock:
+            if self._failing:
+                return
+            self._failing = True
+        LOGGER.warning(
+            "%s failed (%s); telemetry is dropped until it recovers, the program continues",
+            self._what,
+            scrub_text(reason)[:300],
+        )
+
+    def succeeded(self) -> None:
+        with self._lock:
+            if not self._failing:
+                return
+            self._failing = False
+        LOGGER.info("%s recovered", self._what)
+
+
+class SafeSpanExporter(SpanExporter):
+    """A span exporter that never raises and logs failures once per outage."""
+
+    def __init__(self, inner: SpanExporter, what: str) -> None:
+        self._inner = inner
+        self._log = _FailureLog(what)
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        try:
+            result = self._inner.export(spans)
+        except Exception as exc:
+            self._log.failed(repr(exc))
+            return SpanExportResult.FAILURE
+        if result is SpanExportResult.SUCCESS:
+            self._log.succeeded()
+        else:
+            self._log.failed(f"{len(spans)} spans not accepted")
+        return result
+
+    def shutdown(self) -> None:
+        try:
+            self._inner.shutdown()
+        except Exception as exc:
+            self._log.failed(f"shutdown: {exc!r}")
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        try:
+            return bool(self._inner.force_flush(timeout_millis))
+        except Exception:
+            return False
+
+
+class SafeMetricExporter(MetricExporter):
+    """A metric exporter that never raises and logs failures once per outage."""
+
+    def __init__(self, inner: MetricExporter, what: str) -> None:
+        super().__init__(
+            preferred_temporality=inner._preferred_temporality,
+            preferred_aggregation=inner._preferred_aggregation,
+        )
+        self._inner = inner
+        self._log = _FailureLog(what)
+
+    def export(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+    ) -> MetricExportResult:
+        try:
+            result = self._inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+        except Exception as exc:
+            self._log.failed(repr(exc))
+            return MetricExportResult.FAILURE
+        if result is MetricExportResult.SUCCESS:
+            self._log.succeeded()
+        else:
+            self._log.failed("metrics not accepted")
+        return result
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        try:
+            return bool(self._inner.force_flush(timeout_millis=timeout_millis))
+        except Exception:
+            return False
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        try:
+            self._inner.shutdown(timeout_millis=timeout_millis, **kwargs)
+        except Exception as exc:
+            self._log.failed(f"shutdown: {exc!r}")
+
+
+def otlp_span_exporter(target: OtlpTarget, timeout_s: float) -> SpanExporter:
+    """An OTLP span exporter (gRPC is imported only when chosen: it is a heavy import)."""
+    if target.protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
+
+        return GrpcSpanExporter(
+            endpoint=target.endpoint, insecure=target.endpoint.startswith("http://"), timeout=timeout_s
+        )
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
+
+    return HttpSpanExporter(endpoint=target.endpoint, timeout=timeout_s)
+
+
+def otlp_metric_exporter(target: OtlpTarget, timeout_s: float) -> MetricExporter:
+    """An OTLP metric exporter with cumulative temporality (what Prometheus-style backends expect)."""
+    if target.protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
+            OTLPMetricExporter as GrpcMetricExporter,
+        )
+
+        return GrpcMetricExporter(
+            endpoint=target.endpoint, insecure=target.endpoint.startswith("http://"), timeout=timeout_s
+        )
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
+        OTLPMetricExporter as HttpMetricExporter,
+    )
+
+    return HttpMetricExporter(endpoint=target.endpoint, timeout=timeout_s)
+
+
+def build_span_exporters(
+    names: Sequence[str],
+    target: OtlpTarget | None,
+    timeout_s: float,
+    problems: list[str],
+    *,
+    file_dir: str = "telemetry",
+    service_label: str = "gym",
+) -> list[tuple[str, SpanExporter]]:
+    """The wrapped span exporters for ``names``; one that cannot be built becomes a problem."""
+    built: list[tuple[str, SpanExporter]] = []
+    for name in names:
+        try:
+            if name == "file":
+                from gym_obs.telemetry.file_export import file_span_exporter
+
+                file_exporter = file_span_exporter(file_dir, service_label)
+                what = f"file span export to {file_exporter.path}"
+                built.append((what, SafeSpanExporter(file_exporter, what)))
+            if name == "otlp" and target is not None:
+                what = f"OTLP {target.protocol} span export to {redact_url(target.endpoint)}"
+                built.append((what, SafeSpanExporter(otlp_span_exporter(target, timeout_s), what)))
+            elif name == "console":
+                built.append(
+                    ("console span export", SafeSpanExporter(ConsoleSpanExporter(), "console spans"))
+                )
+        except Exception as exc:
+            problems.append(f"cannot create the {name} span exporter ({exc!r}); it is skipped")
+    return built
+
+
+def build_metric_exporters(
+    names: Sequence[str],
+    target: OtlpTarget | None,
+    timeout_s: float,
+    problems: list[str],
+    *,
+    file_dir: str = "telemetry",
+    service_label: str = "gym",
+) -> list[tuple[str, MetricExporter]]:
+    """The wrapped push metric exporters for ``names`` (Prometheus is a pull reader, built elsewhere)."""
+    built: list[tuple[str, MetricExporter]] = []
+    for name in names:
+        try:
+            if name == "file":
+                from gym_obs.telemetry.file_export import file_metric_exporter
+
+                file_exporter = file_metric_exporter(file_dir, service_label)
+                what = f"file metric export to {file_exporter.path}"
+                built.append((what, SafeMetricExporter(file_exporter, what)))
+            if name == "otlp" and target is not None:
+                what = f"OTLP {target.protocol} metric export to {redact_url(target.endpoint)}"
+                built.append((what, SafeMetricExporter(otlp_metric_exporter(target, timeout_s), what)))
+            elif name == "console":
+                exporter = SafeMetricExporter(ConsoleMetricExporter(), "console metrics")
+                built.append(("console metric export", exporter))
+        except Exception as exc:
+            problems.append(f"cannot create the {name} metric exporter ({exc!r}); it is skipped")
+    return built

@@ -1,0 +1,94 @@
+"""The gym_obs metric instruments, created once per meter.
+
+Instruments are cheap to use and expensive to create (the SDK looks them up by name and unit under a lock),
+so they are built once per meter and cached; hot paths reach them through ``STATE.instruments``. Every
+histogram carries explicit bucket boundaries in seconds from :mod:`gym_obs.telemetry.names`: the SDK's
+defaults are meant for milliseconds and would put every request into the first bucket.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Final
+
+from opentelemetry.metrics import Counter, Histogram, Meter, UpDownCounter
+
+from gym_obs.telemetry import names
+
+__all__ = ["Instruments", "instruments_for"]
+
+
+def _histogram(meter: Meter, name: str, description: str) -> Histogram:
+    return meter.create_histogram(
+        name,
+        unit=names.UNIT_SECONDS,
+        description=description,
+        explicit_bucket_boundaries_advisory=list(names.HISTOGRAM_BUCKETS_S[name]),
+    )
+
+
+class Instruments:
+    """Every instrument gym_obs records to, bound to one meter. Build with :func:`instruments_for`."""
+
+    __slots__ = (
+        "client_request_duration",
+        "client_retries",
+        "failure_events",
+        "meter",
+        "pool_connections",
+        "pool_pending_requests",
+        "pool_wait_duration",
+        "rollout_duration",
+        "rollouts",
+    )
+
+    def __init__(self, meter: Meter) -> None:
+        self.meter = meter
+        self.client_request_duration: Histogram = _histogram(
+            meter, names.METRIC_HTTP_CLIENT_REQUEST_DURATION, "Duration of each HTTP client request attempt."
+        )
+        self.client_retries: Counter = meter.create_counter(
+            names.METRIC_CLIENT_RETRIES, unit=names.UNIT_RETRY, description="HTTP client retries, by reason."
+        )
+        self.pool_wait_duration: Histogram = _histogram(
+            meter, names.METRIC_POOL_WAIT_DURATION, "Time a request waited for a pooled connection."
+        )
+        self.pool_pending_requests: UpDownCounter = meter.create_up_down_counter(
+            names.METRIC_POOL_PENDING_REQUESTS,
+            unit=names.UNIT_REQUEST,
+            description="Requests currently waiting for a pooled connection.",
+        )
+        self.pool_connections: UpDownCounter = meter.create_up_down_counter(
+            names.METRIC_POOL_CONNECTIONS,
+            unit=names.UNIT_CONNECTION,
+            description="Pooled connections, by state (active or idle).",
+        )
+        self.failure_events: Counter = meter.create_counter(
+            names.METRIC_FAILURE_EVENTS,
+            unit=names.UNIT_EVENT,
+            description="Failure events, counted once where first observed.",
+        )
+        self.rollout_duration: Histogram = _histogram(
+            meter, names.METRIC_ROLLOUT_DURATION, "Duration of one rollout, end to end."
+        )
+        self.rollouts: Counter = meter.create_counter(
+            names.METRIC_ROLLOUTS, unit=names.UNIT_ROLLOUT, description="Finished rollouts, by outcome."
+        )
+
+
+_LOCK: Final = threading.Lock()
+# Keyed by id(meter); the meter itself is kept alive by Instruments.meter so the id cannot be reused.
+_CACHE: dict[int, Instruments] = {}
+
+
+def instruments_for(meter: Meter) -> Instruments:
+    """Return the instruments for ``meter``, creating them on first use (thread-safe)."""
+    cached = _CACHE.get(id(meter))
+    if cached is not None and cached.meter is meter:
+        return cached
+    with _LOCK:
+        cached = _CACHE.get(id(meter))
+        if cached is None or cached.meter is not meter:
+            cached = Instruments(meter)
+            _CACHE[id(meter)] = cached
+        return cached

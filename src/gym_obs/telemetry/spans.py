@@ -1,0 +1,98 @@
+"""Client spans and span helpers that are safe by construction.
+
+``client_span`` is the one way gym_obs starts a CLIENT span: URLs are redacted on the way in, exceptions are
+recorded with scrubbed, bounded messages, a caller's cancellation is not an error, and the span always ends.
+With telemetry off it costs one flag check and yields the shared no-op span.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Final
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
+from opentelemetry.util.types import AttributeValue
+
+from gym_obs.telemetry import names
+from gym_obs.telemetry._state import STATE
+from gym_obs.telemetry.bodies import bounded_excerpt
+from gym_obs.telemetry.redaction import redact_url, scrub_text
+
+__all__ = ["client_span", "current_ids", "record_exception", "set_span_error"]
+
+_EXCEPTION_MESSAGE_CHARS: Final = 1000
+_EXCEPTION_STACK_CHARS: Final = 4000
+
+
+@contextmanager
+def client_span(name: str, **attributes: AttributeValue | None) -> Iterator[Span]:
+    """Start a CLIENT span named ``name`` as the current span; end it when the block exits.
+
+    Attributes are passed as keywords (``**{names.ATTR_URL_FULL: url}``); ``None`` values are dropped and
+    ``url.full`` is redacted. An exception is recorded and sets ERROR status (and ``error.type`` unless the
+    block set it); ``asyncio.CancelledError`` ends the span without error status.
+    """
+    tracer = STATE.tracer
+    if not (STATE.enabled and STATE.traces_enabled) or tracer is None:
+        yield INVALID_SPAN
+        return
+    clean: dict[str, AttributeValue] = {}
+    for key, value in attributes.items():
+        if value is not None:
+            clean[key] = redact_url(str(value)) if key == names.ATTR_URL_FULL else value
+    span = tracer.start_span(name, kind=SpanKind.CLIENT, attributes=clean)
+    token = otel_context.attach(trace.set_span_in_context(span))
+    try:
+        yield span
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        record_exception(span, exc)
+        attrs = getattr(span, "attributes", None)
+        if attrs is None or names.ATTR_ERROR_TYPE not in attrs:
+            set_span_error(span, type(exc).__qualname__)
+        else:
+            span.set_status(Status(StatusCode.ERROR))
+        raise
+    finally:
+        otel_context.detach(token)
+        span.end()
+
+
+def record_exception(span: Span, exc: BaseException) -> None:
+    """Add an ``exception`` event whose message and stack trace are scrubbed and bounded."""
+    if not span.is_recording():
+        return
+    try:
+        stack = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        span.record_exception(
+            exc,
+            attributes={
+                names.ATTR_EXCEPTION_MESSAGE: bounded_excerpt(str(exc), _EXCEPTION_MESSAGE_CHARS),
+                names.ATTR_EXCEPTION_STACKTRACE: bounded_excerpt(stack, _EXCEPTION_STACK_CHARS),
+            },
+        )
+    except Exception:
+        span.add_event(names.SPAN_EVENT_EXCEPTION, {names.ATTR_EXCEPTION_TYPE: type(exc).__qualname__})
+
+
+def set_span_error(span: Span, error_type: str) -> None:
+    """Mark ``span`` failed with a low-cardinality ``error.type`` (a class name or status code)."""
+    if not span.is_recording():
+        return
+    error_type = scrub_text(error_type) or names.ERROR_TYPE_OTHER
+    span.set_attribute(names.ATTR_ERROR_TYPE, error_type)
+    span.set_status(Status(StatusCode.ERROR, error_type))
+
+
+def current_ids() -> tuple[str | None, str | None]:
+    """(trace_id as 32 hex digits, span_id as 16 hex digits) of the current valid span, else (None, None)."""
+    ctx = trace.get_current_span().get_span_context()
+    if not ctx.is_valid:
+        return None, None
+    return format(ctx.trace_id, "032x"), format(ctx.span_id, "016x")

@@ -1,0 +1,174 @@
+"""A small OTLP/HTTP protobuf receiver for tests: what the launched servers really exported.
+
+Runs an aiohttp server on its own thread and event loop, so a test that blocks (starting processes) never
+stops it from answering exports. Spans keep their resource's ``service.name`` so a test can tell which
+process emitted what.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+SPAN_KIND_SERVER = 2
+SPAN_KIND_CLIENT = 3
+
+
+def _value(value: AnyValue) -> Any:
+    which = value.WhichOneof("value")
+    return None if which is None else getattr(value, which)
+
+
+def _attributes(items: Any) -> dict[str, Any]:
+    pairs: list[KeyValue] = list(items)
+    return {kv.key: _value(kv.value) for kv in pairs}
+
+
+@dataclass
+class ReceivedSpan:
+    name: str
+    kind: int
+    trace_id: str
+    span_id: str
+    parent_span_id: str | None
+    service_name: str
+    attributes: dict[str, Any]
+    resource: dict[str, Any]
+    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+
+
+class OtlpReceiver:
+    """``with OtlpReceiver(port) as receiver:`` then ``receiver.wait_for(predicate)``."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.endpoint = f"http://127.0.0.1:{port}"
+        self._spans: list[ReceivedSpan] = []
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._runner: web.AppRunner | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+
+    def __enter__(self) -> OtlpReceiver:
+        started: Future[None] = Future()
+        self._thread = threading.Thread(target=self._run, args=(started,), daemon=True, name="otlp-receiver")
+        self._thread.start()
+        started.result(timeout=10)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        loop = self._loop
+        if loop is not None:
+            asyncio.run_coroutine_threadsafe(self._stop(), loop).result(timeout=10)
+            loop.call_soon_threadsafe(loop.stop)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _run(self, started: Future[None]) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        try:
+            loop.run_until_complete(self._start())
+        except BaseException as error:
+            started.set_exception(error)
+            loop.close()
+            return
+        started.set_result(None)
+        loop.run_forever()
+        loop.close()
+
+    async def _start(self) -> None:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/traces", self._traces)
+        app.router.add_post("/v1/metrics", self._ignore)
+        app.router.add_post("/v1/logs", self._ignore)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True).start()
+
+    async def _stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    # -- handlers --------------------------------------------------------------------------------------------
+
+    async def _ignore(self, _request: web.Request) -> web.Response:
+        return web.Response(content_type="application/x-protobuf")
+
+    async def _traces(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        if request.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+        message = ExportTraceServiceRequest.FromString(body)
+        received: list[ReceivedSpan] = []
+        for resource_spans in message.resource_spans:
+            resource = _attributes(resource_spans.resource.attributes)
+            for scope_spans in resource_spans.scope_spans:
+                for span in scope_spans.spans:
+                    received.append(
+                        ReceivedSpan(
+                            name=span.name,
+                            kind=span.kind,
+                            trace_id=span.trace_id.hex(),
+                            span_id=span.span_id.hex(),
+                            parent_span_id=span.parent_span_id.hex() or None,
+                            service_name=str(resource.get("service.name", "")),
+                            attributes=_attributes(span.attributes),
+                            resource=resource,
+                            events=[(event.name, _attributes(event.attributes)) for event in span.events],
+                        )
+                    )
+        with self._lock:
+            self._spans.extend(received)
+        return web.Response(
+            body=ExportTraceServiceResponse().SerializeToString(), content_type="application/x-protobuf"
+        )
+
+    # -- queries ---------------------------------------------------------------------------------------------
+
+    def spans(self) -> list[ReceivedSpan]:
+        with self._lock:
+            return list(self._spans)
+
+    def wait_for(
+        self, predicate: Callable[[list[ReceivedSpan]], bool], timeout_s: float = 15.0
+    ) -> list[ReceivedSpan]:
+        """Poll until ``predicate(spans)`` holds; returns the spans, or fails with what arrived."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            spans = self.spans()
+            if predicate(spans):
+                return spans
+            if time.monotonic() > deadline:
+                seen = [(s.service_name, s.name, s.kind, s.trace_id[:8]) for s in spans]
+                raise AssertionError(f"receiver did not get the expected spans in {timeout_s}s; got {seen}")
+            time.sleep(0.05)
+
+    async def await_for(
+        self, predicate: Callable[[list[ReceivedSpan]], bool], timeout_s: float = 15.0
+    ) -> list[ReceivedSpan]:
+        """``wait_for`` without blocking the caller's event loop."""
+        deadline = time.monotonic() + timeout_s
+        for _ in range(int(timeout_s / 0.05) + 1):
+            if predicate(self.spans()) or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.05)
+        return self.wait_for(predicate, timeout_s=0)
+
+    def trace(self, trace_id: str) -> list[ReceivedSpan]:
+        return [span for span in self.spans() if span.trace_id == trace_id]

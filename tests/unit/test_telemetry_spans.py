@@ -1,0 +1,183 @@
+"""client_span, span helpers, instruments and the capture fixture itself."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.metrics import NoOpMeter
+from opentelemetry.trace import INVALID_SPAN, SpanKind, StatusCode
+
+from gym_obs.telemetry import names
+from gym_obs.telemetry._state import STATE
+from gym_obs.telemetry.metrics import Instruments, instruments_for
+from gym_obs.telemetry.redaction import REDACTED_USERINFO
+from gym_obs.telemetry.spans import client_span, current_ids, record_exception, set_span_error
+from gym_obs.telemetry.testing import Capture, capture_telemetry
+
+
+def test_client_span_is_a_cheap_no_op_when_telemetry_is_off() -> None:
+    assert STATE.enabled is False
+    with client_span("GET", **{names.ATTR_URL_FULL: "http://h/x"}) as span:
+        assert span is INVALID_SPAN
+        assert current_ids() == (None, None)
+
+
+def test_client_span_records_a_client_span_with_redacted_url(telemetry: Capture) -> None:
+    with client_span(
+        "GET", **{names.ATTR_URL_FULL: "http://u:p@h:8/x?token=1", names.ATTR_SERVER_PORT: 8, "skip": None}
+    ) as span:
+        trace_id, span_id = current_ids()
+        assert trace_id == format(span.get_span_context().trace_id, "032x")
+        assert span_id == format(span.get_span_context().span_id, "016x")
+    (finished,) = telemetry.spans()
+    assert finished.kind is SpanKind.CLIENT
+    assert finished.name == "GET"
+    assert dict(finished.attributes or {}) == {
+        names.ATTR_URL_FULL: f"http://{REDACTED_USERINFO}@h:8/x",
+        names.ATTR_SERVER_PORT: 8,
+    }
+    assert finished.status.status_code is StatusCode.UNSET
+    assert finished.end_time is not None
+
+
+def test_exception_sets_error_status_and_a_scrubbed_exception_event(telemetry: Capture) -> None:
+    with pytest.raises(ValueError, match="boom"), client_span("POST"):
+        raise ValueError("boom api_key=SECRETVALUE")
+    (span,) = telemetry.spans("POST")
+    assert span.status.status_code is StatusCode.ERROR
+    assert dict(span.attributes or {})[names.ATTR_ERROR_TYPE] == "ValueError"
+    (event,) = span.events
+    attrs = dict(event.attributes or {})
+    assert event.name == names.SPAN_EVENT_EXCEPTION
+    assert attrs[names.ATTR_EXCEPTION_TYPE] == "ValueError"
+    assert "SECRETVALUE" not in str(attrs[names.ATTR_EXCEPTION_MESSAGE])
+    assert "SECRETVALUE" not in str(attrs[names.ATTR_EXCEPTION_STACKTRACE])
+
+
+def test_error_type_set_inside_the_block_is_kept(telemetry: Capture) -> None:
+    with pytest.raises(RuntimeError), client_span("GET") as span:
+        set_span_error(span, "503")
+        raise RuntimeError("upstream")
+    (finished,) = telemetry.spans()
+    assert dict(finished.attributes or {})[names.ATTR_ERROR_TYPE] == "503"
+    assert finished.status.status_code is StatusCode.ERROR
+
+
+async def test_cancellation_ends_the_span_without_error(telemetry: Capture) -> None:
+    started = asyncio.Event()
+
+    async def call() -> None:
+        with client_span("GET"):
+            started.set()
+            await asyncio.sleep(10)
+
+    task = asyncio.create_task(call())
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    (span,) = telemetry.spans()
+    assert span.end_time is not None
+    assert span.status.status_code is not StatusCode.ERROR
+    assert names.ATTR_ERROR_TYPE not in dict(span.attributes or {})
+
+
+def test_nested_spans_share_the_trace(telemetry: Capture) -> None:
+    with client_span("outer") as outer, client_span("inner"):
+        pass
+    inner, outer_span = telemetry.spans()
+    assert inner.parent is not None
+    assert inner.parent.span_id == outer.get_span_context().span_id
+    assert inner.context is not None and outer_span.context is not None
+    assert inner.context.trace_id == outer_span.context.trace_id
+
+
+def test_set_span_error_and_record_exception_ignore_non_recording_spans() -> None:
+    set_span_error(INVALID_SPAN, "x")
+    record_exception(INVALID_SPAN, ValueError("x"))
+
+
+def test_instruments_are_built_once_per_meter() -> None:
+    meter = NoOpMeter("a")
+    first = instruments_for(meter)
+    assert instruments_for(meter) is first
+    assert instruments_for(NoOpMeter("b")) is not first
+    assert isinstance(first, Instruments)
+
+
+def test_histograms_use_second_buckets_and_units_from_names(telemetry: Capture) -> None:
+    instruments = STATE.instruments
+    assert instruments is not None
+    instruments.client_request_duration.record(0.2, {names.ATTR_SERVER_NAME: "model"})
+    instruments.pool_wait_duration.record(0.0003, {names.ATTR_POOL: names.POOL_DATA})
+    instruments.rollout_duration.record(42.0, {names.ATTR_ROLLOUT_OUTCOME: names.ROLLOUT_OUTCOME_SUCCESS})
+    for metric in (
+        names.METRIC_HTTP_CLIENT_REQUEST_DURATION,
+        names.METRIC_POOL_WAIT_DURATION,
+        names.METRIC_ROLLOUT_DURATION,
+    ):
+        (point,) = telemetry.metric_points(metric)
+        assert point.explicit_bounds == names.HISTOGRAM_BUCKETS_S[metric]
+        assert point.count == 1
+        assert telemetry.metric_unit(metric) == names.UNIT_SECONDS
+
+
+def test_every_instrument_records_with_its_unit(telemetry: Capture) -> None:
+    instruments = STATE.instruments
+    assert instruments is not None
+    instruments.client_retries.add(1, {names.ATTR_RETRY_REASON: names.RETRY_REASON_TIMEOUT})
+    instruments.pool_pending_requests.add(1, {names.ATTR_POOL: names.POOL_DATA})
+    instruments.pool_connections.add(2, {names.ATTR_HTTP_CONNECTION_STATE: names.CONNECTION_STATE_IDLE})
+    instruments.failure_events.add(1, {names.ATTR_FAILURE_KIND: "timeout"})
+    instruments.rollouts.add(1, {names.ATTR_ROLLOUT_OUTCOME: names.ROLLOUT_OUTCOME_FAILURE})
+    expected_units = {
+        names.METRIC_CLIENT_RETRIES: names.UNIT_RETRY,
+        names.METRIC_POOL_PENDING_REQUESTS: names.UNIT_REQUEST,
+        names.METRIC_POOL_CONNECTIONS: names.UNIT_CONNECTION,
+        names.METRIC_FAILURE_EVENTS: names.UNIT_EVENT,
+        names.METRIC_ROLLOUTS: names.UNIT_ROLLOUT,
+    }
+    for metric, unit in expected_units.items():
+        assert telemetry.metric_unit(metric) == unit
+        assert len(telemetry.metric_points(metric)) == 1
+
+
+def test_capture_accumulates_deltas_between_reads(telemetry: Capture) -> None:
+    instruments = STATE.instruments
+    assert instruments is not None
+    attrs = {names.ATTR_POOL: names.POOL_DATA}
+    instruments.pool_pending_requests.add(3, attrs)
+    assert telemetry.metric_points(names.METRIC_POOL_PENDING_REQUESTS)[0].value == 3
+    instruments.pool_pending_requests.add(-3, attrs)
+    assert telemetry.metric_points(names.METRIC_POOL_PENDING_REQUESTS)[0].value == 0
+    instruments.client_request_duration.record(1.0, attrs)
+    instruments.client_request_duration.record(2.0, attrs)
+    telemetry.metric_points(names.METRIC_HTTP_CLIENT_REQUEST_DURATION)
+    instruments.client_request_duration.record(3.0, attrs)
+    (point,) = telemetry.metric_points(names.METRIC_HTTP_CLIENT_REQUEST_DURATION)
+    assert (point.count, point.sum, point.min, point.max) == (3, 6.0, 1.0, 3.0)
+
+
+def test_each_capture_sees_only_its_own_data() -> None:
+    for _ in range(3):
+        with capture_telemetry() as capture:
+            with client_span("GET"):
+                pass
+            assert STATE.instruments is not None
+            STATE.instruments.client_retries.add(1, {names.ATTR_RETRY_REASON: names.RETRY_REASON_OTHER})
+            assert len(capture.spans()) == 1
+            assert capture.metric_points(names.METRIC_CLIENT_RETRIES)[0].value == 1
+            capture.clear()
+            assert capture.spans() == []
+            assert capture.metric_points(names.METRIC_CLIENT_RETRIES) == []
+    assert STATE.enabled is False
+    assert STATE.tracer is None
+
+
+def test_capture_uses_the_global_sdk_providers(telemetry: Capture) -> None:
+    assert trace.get_tracer_provider() is telemetry.tracer_provider
+    with trace.get_tracer("third-party").start_as_current_span("server-side"):
+        pass
+    assert [s.name for s in telemetry.spans()] == ["server-side"]
