@@ -69,7 +69,7 @@ def _fix_metric_ids(doc: dict[str, Any]) -> None:
 
 
 def otlp_json_line(message: Message) -> bytes:
-    """One OTLP/JSON line (newline included), as the collector's file exporter writes it."""
+    """One OTLP/JSON line (newline included) for an export request, as the collector file exporter writes."""
     doc = MessageToDict(message, use_integers_for_enums=True)
     if "resourceSpans" in doc:
         _fix_trace_ids(doc)
@@ -109,8 +109,10 @@ class _JsonLinesFile:
             if self._written + len(line) > self._max_bytes:
                 self.dropped_batches += 1
                 self.warn_once(
-                    "full", "telemetry file %s reached its bound of %d bytes; further batches are dropped",
-                    self.path, self._max_bytes,
+                    "full",
+                    "telemetry file %s reached its bound of %d bytes; further batches are dropped",
+                    self.path,
+                    self._max_bytes,
                 )
                 return False
             if self._file is None:

@@ -1,0 +1,232 @@
+"""Client overhead: CPU µs that gym_obs ``request()`` adds per request, against bare aiohttp and against
+opentelemetry-instrumentation-aiohttp-client.
+
+64 concurrent workers send 5,000 GETs per round to a local aiohttp server that runs in a separate process
+(so the client's CPU time is what is measured). Variants run interleaved, round after round, and the table
+shows medians over rounds:
+
+* ``bare``        a plain ``aiohttp.ClientSession`` with the same connector settings as gym_obs' pool
+* ``gym_off``     ``gym_obs.client.http_client.request()`` with telemetry off
+* ``gym_on``      ``request()`` with telemetry on: SDK tracer provider (BatchSpanProcessor, no-op exporter)
+                  and SDK meter provider, one CLIENT span, duration/retry/pool metrics per request
+* ``contrib``     ``opentelemetry-instrumentation-aiohttp-client``'s trace config on a bare session, with
+                  the same SDK providers
+
+Added µs = variant µs − bare µs (client CPU time per request). The last line is
+``overhead_ratio_vs_contrib=<gym_on added / contrib added>`` (target ≤ 0.5; telemetry-off overhead
+target ≤ 5% of bare).
+
+Run: ``python3 benchmarks/client_overhead.py [--requests 5000] [--concurrency 64] [--rounds 7]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+
+import aiohttp
+
+_HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(_HERE.parent / "src"))
+
+from opentelemetry import metrics as otel_metrics  # noqa: E402
+from opentelemetry import trace  # noqa: E402
+from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider  # noqa: E402
+from opentelemetry.sdk.trace.export import (  # noqa: E402
+    BatchSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
+
+from gym_obs.client import http_client  # noqa: E402
+from gym_obs.client.pool import make_connector  # noqa: E402
+from gym_obs.config import GlobalAIOHTTPAsyncClientConfig, TelemetryConfig  # noqa: E402
+from gym_obs.telemetry._state import STATE  # noqa: E402
+from gym_obs.telemetry.setup import setup_telemetry  # noqa: E402
+
+Get = Callable[[str], Awaitable[None]]
+VARIANTS = ("bare", "gym_off", "gym_on", "contrib")
+
+
+class _NoopExporter(SpanExporter):
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return SpanExportResult.SUCCESS
+
+
+def _serve(port: int) -> None:
+    from aiohttp import web
+
+    body = b'{"ok":true}'
+
+    async def handle(_request: web.Request) -> web.Response:
+        return web.Response(body=body, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/item", handle)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, handle_signals=True)
+
+
+def _start_server(port: int) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen([sys.executable, __file__, "--serve", str(port)])
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return proc
+        time.sleep(0.05)
+    proc.kill()
+    raise SystemExit(f"benchmark server did not start on port {port}")
+
+
+async def _round(get: Get, url: str, requests: int, concurrency: int) -> float:
+    """Client CPU µs per request for one round."""
+    remaining = iter(range(requests))
+
+    async def worker() -> None:
+        for _ in remaining:
+            await get(url)
+
+    cpu = time.process_time()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return (time.process_time() - cpu) / requests * 1e6
+
+
+def _install_sdk() -> tuple[TracerProvider, MeterProvider]:
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(BatchSpanProcessor(_NoopExporter()))
+    meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    trace.set_tracer_provider(tracer_provider)
+    otel_metrics.set_meter_provider(meter_provider)
+    return tracer_provider, meter_provider
+
+
+async def _main(args: argparse.Namespace) -> list[str]:
+    from opentelemetry.instrumentation.aiohttp_client import create_trace_config
+
+    tracer_provider, meter_provider = _install_sdk()
+    handle = setup_telemetry("bench", config=TelemetryConfig(enabled=True))  # reuses the providers above
+    on_state = STATE.snapshot()
+    off_state = {**on_state, "enabled": False}
+    STATE.restore(off_state)
+
+    cfg = GlobalAIOHTTPAsyncClientConfig()
+    http_client.set_global_aiohttp_client(cfg, workers=1)
+
+    def session(trace_configs: list[aiohttp.TraceConfig] | None = None) -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(
+            connector=make_connector(cfg, "data", workers=1),
+            timeout=aiohttp.ClientTimeout(),
+            cookie_jar=aiohttp.DummyCookieJar(),
+            trace_configs=trace_configs,
+        )
+
+    bare = session()
+    contrib = session([create_trace_config(tracer_provider=tracer_provider, meter_provider=meter_provider)])
+
+    async def get_bare(url: str) -> None:
+        async with bare.get(url) as response:
+            await response.read()
+
+    async def get_contrib(url: str) -> None:
+        async with contrib.get(url) as response:
+            await response.read()
+
+    async def get_gym(url: str) -> None:
+        response = await http_client.request("GET", url)
+        try:
+            await response.read()
+        finally:
+            response.release()
+
+    getters: dict[str, tuple[Get, dict[str, object]]] = {
+        "bare": (get_bare, off_state),
+        "gym_off": (get_gym, off_state),
+        "gym_on": (get_gym, on_state),
+        "contrib": (get_contrib, off_state),
+    }
+    url = f"http://127.0.0.1:{args.port}/item"
+    results: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    try:
+        for name in VARIANTS:  # warm-up: connections opened, caches filled, code paths compiled
+            get, state = getters[name]
+            STATE.restore(state)
+            await _round(get, url, min(args.requests, 1000), args.concurrency)
+        for round_index in range(args.rounds):
+            # Alternate the order so that no variant always runs right after another one.
+            for name in VARIANTS if round_index % 2 == 0 else tuple(reversed(VARIANTS)):
+                get, state = getters[name]
+                STATE.restore(state)
+                results[name].append(await _round(get, url, args.requests, args.concurrency))
+    finally:
+        STATE.restore(off_state)
+        await bare.close()
+        await contrib.close()
+        await http_client.close_global_aiohttp_client()
+        handle.shutdown()
+        tracer_provider.shutdown()
+        meter_provider.shutdown()
+    return _report(results, args)
+
+
+def _report(results: dict[str, list[float]], args: argparse.Namespace) -> list[str]:
+    """Medians over rounds. Added µs are medians of per-round differences to ``bare`` (each round runs
+    every variant back to back, so drift in machine load cancels out of the differences)."""
+    base = results["bare"]
+    added = {name: [v - b for v, b in zip(results[name], base, strict=True)] for name in VARIANTS}
+    bare_median = statistics.median(base)
+    lines = [
+        f"client_overhead: {args.requests} GETs x {args.rounds} rounds, {args.concurrency} workers, "
+        f"python {sys.version.split()[0]}, aiohttp {aiohttp.__version__}, {os.cpu_count()} CPUs",
+        f"{'variant':<10} {'cpu_us/req':>11} {'added_us':>9} {'added_%':>8}   rounds (cpu_us/req)",
+    ]
+    for name in VARIANTS:
+        median_added = statistics.median(added[name])
+        rounds = " ".join(f"{v:.1f}" for v in results[name])
+        lines.append(
+            f"{name:<10} {statistics.median(results[name]):>11.1f} {median_added:>9.1f} "
+            f"{median_added / bare_median * 100:>7.1f}%   {rounds}"
+        )
+    on_added = statistics.median(added["gym_on"])
+    contrib_added = statistics.median(added["contrib"])
+    ratio = on_added / contrib_added if contrib_added > 0 else float("inf")
+    lines.append(f"gym_off_overhead_pct={statistics.median(added['gym_off']) / bare_median * 100:.1f}")
+    lines.append(f"overhead_ratio_vs_contrib={ratio:.3f}")
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=5000)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--port", type=int, default=22950)
+    parser.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve is not None:
+        _serve(args.serve)
+        return 0
+    server = _start_server(args.port)
+    try:
+        lines = asyncio.run(_main(args))
+    finally:
+        server.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            server.wait(5)
+    for line in lines:
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

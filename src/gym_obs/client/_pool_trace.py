@@ -1,0 +1,266 @@
+"""Pool-wait telemetry from aiohttp's connection-queue trace signals, and the pooled-connections gauge.
+
+State is per request: aiohttp builds one trace-config context per request through the context factory,
+and that object (``_PoolTraceState``) holds the wait clock, so nothing is shared between concurrent
+requests and nothing is kept per session. A request that queues more than once (a redirect, a re-connect)
+records the sum of its waits once. A wait that never got a connection (timeout, cancellation) is recorded
+with outcome ``abandoned``, and the pending-requests counter is decremented on every path: aiohttp sends
+``on_request_exception`` to every trace that saw ``on_request_start``, cancellation included.
+
+Telemetry off: the sessions ``request()`` uses then carry no trace config at all, and for sessions used
+directly each callback is a single ``None`` check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, ClassVar, Final
+
+import aiohttp
+
+from gym_obs.telemetry import names
+from gym_obs.telemetry._state import STATE
+
+if TYPE_CHECKING:
+    from gym_obs.telemetry.metrics import Instruments
+
+__all__ = ["ConnectionsGauge", "pool_trace_config", "sync_pool_connections"]
+
+_perf_counter = time.perf_counter
+_MAX_CACHED_LABELS: Final = 1024
+
+# (server name, pool) -> attributes of the pending counter; (server name, pool, outcome) -> wait attributes.
+_PENDING_ATTRS: dict[tuple[str, str], dict[str, str]] = {}
+_WAIT_ATTRS: dict[tuple[str, str, str], dict[str, str]] = {}
+
+
+def _pending_attrs(server_name: str, pool: str) -> dict[str, str]:
+    key = (server_name, pool)
+    attrs = _PENDING_ATTRS.get(key)
+    if attrs is None:
+        if len(_PENDING_ATTRS) > _MAX_CACHED_LABELS:
+            _PENDING_ATTRS.clear()
+        attrs = _PENDING_ATTRS[key] = {names.ATTR_SERVER_NAME: server_name, names.ATTR_POOL: pool}
+    return attrs
+
+
+def _wait_attrs(server_name: str, pool: str, outcome: str) -> dict[str, str]:
+    key = (server_name, pool, outcome)
+    attrs = _WAIT_ATTRS.get(key)
+    if attrs is None:
+        if len(_WAIT_ATTRS) > _MAX_CACHED_LABELS:
+            _WAIT_ATTRS.clear()
+        attrs = _WAIT_ATTRS[key] = {
+            names.ATTR_SERVER_NAME: server_name,
+            names.ATTR_POOL: pool,
+            names.ATTR_POOL_OUTCOME: outcome,
+        }
+    return attrs
+
+
+class _PoolTraceState(SimpleNamespace):
+    """One request's pool-wait state (aiohttp's per-request ``trace_config_ctx``).
+
+    ``trace_request_ctx`` is the ``gym.server.name`` label when the request came through ``request()``.
+    """
+
+    pool: ClassVar[str] = names.POOL_DATA
+    # Class-level defaults: a request that never queues writes none of them.
+    queued_at: float | None = None
+    wait_s: float = 0.0
+    waited: bool = False
+    abandoned: bool = False
+    finished: bool = False
+
+    def __init__(self, trace_request_ctx: object = None) -> None:
+        # No super().__init__(**kw): this runs once per request and only needs two attributes.
+        self.trace_request_ctx = trace_request_ctx
+        self.instruments: Instruments | None = STATE.instruments if STATE.enabled else None
+
+    @property
+    def server_name(self) -> str:
+        ctx = self.trace_request_ctx
+        return ctx if isinstance(ctx, str) else names.EXTERNAL_SERVER_NAME
+
+
+class _DataPoolTraceState(_PoolTraceState):
+    pool: ClassVar[str] = names.POOL_DATA
+
+
+class _ControlPoolTraceState(_PoolTraceState):
+    pool: ClassVar[str] = names.POOL_CONTROL
+
+
+async def _on_queued_start(
+    session: aiohttp.ClientSession, ctx: SimpleNamespace, params: aiohttp.TraceConnectionQueuedStartParams
+) -> None:
+    inst = getattr(ctx, "instruments", None)
+    if inst is None:
+        return
+    assert isinstance(ctx, _PoolTraceState)
+    if ctx.queued_at is None:
+        ctx.queued_at = _perf_counter()
+        inst.pool_pending_requests.add(1, _pending_attrs(ctx.server_name, ctx.pool))
+
+
+async def _on_queued_end(
+    session: aiohttp.ClientSession, ctx: SimpleNamespace, params: aiohttp.TraceConnectionQueuedEndParams
+) -> None:
+    inst = getattr(ctx, "instruments", None)
+    if inst is None:
+        return
+    assert isinstance(ctx, _PoolTraceState)
+    _end_wait(ctx, inst)
+
+
+def _end_wait(ctx: _PoolTraceState, inst: Instruments) -> bool:
+    """Close an open wait (if any): add it to the request's total and release the pending count."""
+    started = ctx.queued_at
+    if started is None:
+        return False
+    ctx.queued_at = None
+    ctx.wait_s += _perf_counter() - started
+    ctx.waited = True
+    inst.pool_pending_requests.add(-1, _pending_attrs(ctx.server_name, ctx.pool))
+    return True
+
+
+def _finish(ctx: SimpleNamespace) -> None:
+    inst = getattr(ctx, "instruments", None)
+    if inst is None:
+        return
+    assert isinstance(ctx, _PoolTraceState)
+    if ctx.finished:
+        return
+    ctx.finished = True
+    if _end_wait(ctx, inst):  # still queued when the request ended: timed out or cancelled in the queue
+        ctx.abandoned = True
+    if ctx.waited:
+        outcome = names.POOL_OUTCOME_ABANDONED if ctx.abandoned else names.POOL_OUTCOME_OK
+        inst.pool_wait_duration.record(ctx.wait_s, _wait_attrs(ctx.server_name, ctx.pool, outcome))
+
+
+async def _on_request_end(
+    session: aiohttp.ClientSession, ctx: SimpleNamespace, params: aiohttp.TraceRequestEndParams
+) -> None:
+    _finish(ctx)
+
+
+async def _on_request_exception(
+    session: aiohttp.ClientSession, ctx: SimpleNamespace, params: aiohttp.TraceRequestExceptionParams
+) -> None:
+    _finish(ctx)
+
+
+def pool_trace_config(pool: str = names.POOL_DATA) -> aiohttp.TraceConfig:
+    """A TraceConfig recording pool waits for ``pool`` (``data`` or ``control``); one per session.
+
+    Pass the ``gym.server.name`` label as ``trace_request_ctx`` (``request()`` does); anything else is
+    labelled ``external``.
+    """
+    factory = _ControlPoolTraceState if pool == names.POOL_CONTROL else _DataPoolTraceState
+    config = aiohttp.TraceConfig(trace_config_ctx_factory=factory)
+    config.on_connection_queued_start.append(_on_queued_start)
+    config.on_connection_queued_end.append(_on_queued_end)
+    config.on_request_end.append(_on_request_end)
+    config.on_request_exception.append(_on_request_exception)
+    return config
+
+
+# --- pooled connections (active / idle) ---------------------------------------------------------------
+
+
+def _connector_counts(connector: aiohttp.BaseConnector) -> tuple[int, int]:
+    """(active, idle) connections of ``connector``. aiohttp has no public accessor, so this reads its
+    bookkeeping defensively: ``_acquired`` (handed out, including ones being opened) and ``_conns``
+    (idle, per key). Any shape change yields (0, 0) rather than an error."""
+    try:
+        active = len(connector._acquired)
+        idle = sum(len(conns) for conns in list(connector._conns.values()))
+    except (AttributeError, TypeError, RuntimeError):
+        return 0, 0
+    return active, idle
+
+
+class ConnectionsGauge:
+    """Keeps ``gym.client.pool.connections`` (an up-down counter) equal to the connectors' real counts.
+
+    aiohttp signals no release or close of a pooled connection, so the counts are read from the connector
+    and the difference to what was last reported is added: on every :meth:`sync` (a background task calls
+    it every ``interval_s`` while telemetry is on) and on close, which brings the series back to zero.
+    """
+
+    def __init__(self) -> None:
+        self._reported: dict[tuple[int, str], tuple[Instruments, int, int]] = {}
+        self._lock = threading.Lock()  # loops in several threads may sync (and close) at once
+
+    def sync(self, connector: aiohttp.BaseConnector, pool: str, *, closing: bool = False) -> None:
+        with self._lock:
+            self._sync(connector, pool, closing)
+
+    def _sync(self, connector: aiohttp.BaseConnector, pool: str, closing: bool) -> None:
+        key = (id(connector), pool)
+        previous = self._reported.get(key)
+        inst = STATE.instruments if STATE.enabled else None
+        if previous is not None and previous[0] is not inst:
+            # Telemetry was re-initialised: the old series belongs to the old instruments; start afresh.
+            previous = None
+            del self._reported[key]
+        if inst is None:
+            return
+        active, idle = (0, 0) if closing or connector.closed else _connector_counts(connector)
+        last_active, last_idle = (previous[1], previous[2]) if previous is not None else (0, 0)
+        counter = inst.pool_connections
+        if active != last_active:
+            counter.add(active - last_active, _connection_attrs(pool, names.CONNECTION_STATE_ACTIVE))
+        if idle != last_idle:
+            counter.add(idle - last_idle, _connection_attrs(pool, names.CONNECTION_STATE_IDLE))
+        if closing:
+            self._reported.pop(key, None)
+        else:
+            self._reported[key] = (inst, active, idle)
+
+
+_CONNECTION_ATTRS: dict[tuple[str, str], dict[str, str]] = {}
+
+
+def _connection_attrs(pool: str, state: str) -> dict[str, str]:
+    attrs = _CONNECTION_ATTRS.get((pool, state))
+    if attrs is None:
+        attrs = {names.ATTR_POOL: pool, names.ATTR_HTTP_CONNECTION_STATE: state}
+        _CONNECTION_ATTRS[(pool, state)] = attrs
+    return attrs
+
+
+GAUGE: Final = ConnectionsGauge()
+_SOURCES: list[tuple[aiohttp.BaseConnector, str]] = []
+
+
+def register_connector(connector: aiohttp.BaseConnector, pool: str) -> None:
+    """Make ``connector`` part of what :func:`sync_pool_connections` reports."""
+    _SOURCES.append((connector, pool))
+
+
+def unregister_connector(connector: aiohttp.BaseConnector, pool: str) -> None:
+    """Report ``connector`` as gone (its series drop to zero) and forget it."""
+    GAUGE.sync(connector, pool, closing=True)
+    _SOURCES[:] = [(c, p) for c, p in _SOURCES if c is not connector]
+
+
+def sync_pool_connections() -> None:
+    """Bring ``gym.client.pool.connections`` up to date with every registered connector now."""
+    for connector, pool in list(_SOURCES):
+        GAUGE.sync(connector, pool)
+
+
+async def run_gauge_sync(sources: list[tuple[aiohttp.BaseConnector, str]], interval_s: float = 1.0) -> None:
+    """Background task body (one per event loop): sync the connections gauge for that loop's connectors
+    every ``interval_s`` while telemetry is on. ``sources`` is read live (pools created later join it)."""
+    while True:
+        await asyncio.sleep(interval_s)
+        if STATE.enabled:
+            for connector, pool in list(sources):
+                GAUGE.sync(connector, pool)

@@ -1,0 +1,244 @@
+"""The process-wide data and control ``ClientSession``s, one set per event loop, closed on that loop.
+
+A session belongs to the loop it was created on (its connector's sockets and timers live there), so the
+registry is keyed by loop: a second loop (another thread, a later ``asyncio.run``) gets its own sessions
+instead of a session that would fail with "attached to a different loop".
+
+Each pool is one ``TCPConnector`` shared by two sessions: a plain one (no trace config: what ``request()``
+uses while telemetry is off, so "off" costs aiohttp nothing) and a traced one carrying the pool-wait
+trace config. Both see the same connections and the same limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import weakref
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from gym_obs.client import _pool_trace
+from gym_obs.client.pool import CapacityReport, PoolName, capacity_report, make_connector
+from gym_obs.config import GlobalAIOHTTPAsyncClientConfig
+from gym_obs.telemetry import names
+from gym_obs.telemetry._state import STATE
+from gym_obs.telemetry.logging import get_logger
+
+__all__ = [
+    "close_loop_sessions",
+    "configure",
+    "current_config",
+    "forget_dead_loops",
+    "is_setup",
+    "pool_for",
+    "session_for",
+]
+
+_log = get_logger("gym_obs.client")
+
+GAUGE_SYNC_INTERVAL_S = 1.0
+
+
+@dataclass(slots=True)
+class _Pool:
+    name: PoolName
+    connector: aiohttp.TCPConnector
+    plain: aiohttp.ClientSession
+    traced: aiohttp.ClientSession
+    # Fewest connections in use at which a new request may have to queue (0: the pool never queues).
+    wait_threshold: int = 0
+
+    def __post_init__(self) -> None:
+        limits = [n for n in (self.connector.limit, self.connector.limit_per_host) if n > 0]
+        self.wait_threshold = min(limits) if limits else 0
+
+    def for_attempt(self) -> aiohttp.ClientSession:
+        """The session for one attempt while telemetry is on: the traced one only when the pool could
+        make this request wait.
+
+        aiohttp's trace signals cost every request, but only a request that finds at least
+        ``min(limit, limit_per_host)`` connections in use can queue (the per-host count never exceeds
+        the total). Below that the plain session is used, with nothing to measure lost: the acquisition
+        happens without suspending after this check, so no other request can take the last slot between.
+        """
+        threshold = self.wait_threshold
+        if threshold and len(self.connector._acquired) >= threshold:
+            return self.traced
+        return self.plain
+
+    async def close(self) -> None:
+        _pool_trace.unregister_connector(self.connector, self.name)
+        await self.plain.close()
+        await self.traced.close()
+        await self.connector.close()
+
+
+@dataclass(slots=True)
+class _LoopSessions:
+    loop: asyncio.AbstractEventLoop
+    data: _Pool | None = None
+    control: _Pool | None = None
+    gauge_task: asyncio.Task[None] | None = None
+    pools: list[_Pool] = field(default_factory=list)
+    sources: list[tuple[aiohttp.BaseConnector, str]] = field(default_factory=list)
+
+
+_lock = threading.Lock()
+_config: GlobalAIOHTTPAsyncClientConfig | None = None
+_workers: int | None = None
+_reported = False
+_by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopSessions] = weakref.WeakKeyDictionary()
+# The last loop's sessions: one identity check on the hot path instead of a dictionary lookup.
+_current: _LoopSessions | None = None
+
+
+def configure(cfg: GlobalAIOHTTPAsyncClientConfig, workers: int | None = None) -> CapacityReport:
+    """Set the config used for sessions created from now on; log and return the capacity report."""
+    global _config, _workers, _reported
+    with _lock:
+        _config, _workers, _reported = cfg, workers, False
+    report = _log_capacity_once()
+    return report if report is not None else capacity_report(cfg, workers)
+
+
+def current_config() -> GlobalAIOHTTPAsyncClientConfig:
+    return _config if _config is not None else GlobalAIOHTTPAsyncClientConfig()
+
+
+def _log_capacity_once() -> CapacityReport | None:
+    """The start-up capacity report: once per configuration (at configure time or first pool use)."""
+    global _reported
+    with _lock:
+        if _reported:
+            return None
+        _reported = True
+    report = capacity_report(current_config(), _workers)
+    _log.info("client_capacity", report=report.line)
+    for warning in report.warnings:
+        _log.warning("client_capacity_warning", warning=warning)
+    return report
+
+
+def _loop_sessions(create: bool) -> _LoopSessions | None:
+    global _current
+    loop = asyncio.get_running_loop()
+    current = _current
+    if current is not None and current.loop is loop:
+        return current
+    with _lock:
+        found = _by_loop.get(loop)
+        if found is None and create:
+            found = _by_loop[loop] = _LoopSessions(loop)
+        if found is not None:
+            _current = found
+    return found
+
+
+def _make_pool(name: PoolName) -> _Pool:
+    cfg = current_config()
+    _log_capacity_once()
+    connector = make_connector(cfg, name, workers=_workers)
+    timeout = (
+        aiohttp.ClientTimeout(total=cfg.global_aiohttp_control_timeout_seconds)
+        if name == names.POOL_CONTROL
+        else aiohttp.ClientTimeout()
+    )
+
+    def session(trace_configs: list[aiohttp.TraceConfig] | None) -> aiohttp.ClientSession:
+        s = aiohttp.ClientSession(
+            connector=connector,
+            connector_owner=False,
+            timeout=timeout,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            trace_configs=trace_configs,
+        )
+        # aiohttp silently re-sends idempotent requests (PUT/DELETE too) once after a dropped persistent
+        # connection. request() owns retries: it must count them, trace them and never replay a request
+        # whose upload completed when the caller said so.
+        if hasattr(s, "_retry_connection"):
+            s._retry_connection = False
+        return s
+
+    pool = _Pool(name, connector, session(None), session([_pool_trace.pool_trace_config(name)]))
+    _pool_trace.register_connector(connector, name)
+    return pool
+
+
+def pool_for(control: bool) -> _Pool:
+    """The current loop's data or control pool, created on first use."""
+    sessions = _current
+    if sessions is None or sessions.loop is not asyncio.get_running_loop():
+        sessions = _loop_sessions(create=True)
+        assert sessions is not None
+    pool = sessions.control if control else sessions.data
+    if pool is None:
+        pool = _make_pool(names.POOL_CONTROL if control else names.POOL_DATA)
+        if control:
+            sessions.control = pool
+        else:
+            sessions.data = pool
+        sessions.pools.append(pool)
+        sessions.sources.append((pool.connector, pool.name))
+        if sessions.gauge_task is None:
+            sessions.gauge_task = sessions.loop.create_task(
+                _pool_trace.run_gauge_sync(sessions.sources, GAUGE_SYNC_INTERVAL_S),
+                name="gym_obs.pool_gauge_sync",
+            )
+    return pool
+
+
+def session_for(control: bool) -> aiohttp.ClientSession:
+    """The session direct callers should use now: traced while telemetry is on, plain while it is off."""
+    pool = pool_for(control)
+    return pool.traced if STATE.enabled else pool.plain
+
+
+def is_setup() -> bool:
+    """True when the running loop (or, outside a loop, any live loop) has an open data session."""
+    try:
+        sessions = _loop_sessions(create=False)
+    except RuntimeError:
+        with _lock:
+            candidates = list(_by_loop.values())
+        return any(s.data is not None and not s.loop.is_closed() for s in candidates)
+    return sessions is not None and sessions.data is not None
+
+
+async def close_loop_sessions() -> None:
+    """Close the running loop's sessions (on this loop, as aiohttp requires)."""
+    global _current
+    loop = asyncio.get_running_loop()
+    with _lock:
+        sessions = _by_loop.pop(loop, None)
+        if _current is not None and _current.loop is loop:
+            _current = None
+    if sessions is None:
+        return
+    await _close(sessions)
+
+
+async def _close(sessions: _LoopSessions) -> None:
+    task = sessions.gauge_task
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    for pool in sessions.pools:
+        await pool.close()
+
+
+def forget_dead_loops() -> None:
+    """Drop the sessions of loops that have been closed: they can never be used or closed again (aiohttp
+    needs their loop), and keeping them would keep their connectors in the connections gauge."""
+    global _current
+    with _lock:
+        dead = [(loop, s) for loop, s in _by_loop.items() if loop.is_closed()]
+        for loop, _ in dead:
+            _by_loop.pop(loop, None)
+        if _current is not None and _current.loop.is_closed():
+            _current = None
+    for _, sessions in dead:
+        for pool in sessions.pools:
+            _pool_trace.unregister_connector(pool.connector, pool.name)

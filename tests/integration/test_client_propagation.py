@@ -1,0 +1,140 @@
+"""Trace propagation, redaction and JSON bodies, checked on what a real aiohttp.web server received."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import orjson
+import pytest
+from aiohttp import web
+from opentelemetry.trace import SpanKind, StatusCode
+
+from gym_obs.client.http_client import (
+    GlobalAIOHTTPAsyncClientConfig,
+    close_global_aiohttp_client,
+    get_global_aiohttp_client,
+    request,
+    set_global_aiohttp_client,
+)
+from gym_obs.telemetry import names
+from gym_obs.telemetry._state import STATE
+from gym_obs.telemetry.propagation import rollout_context
+from gym_obs.telemetry.testing import Capture
+from tests.integration.client_support import next_port
+
+pytestmark = pytest.mark.integration
+
+TRACEPARENT = re.compile(names.TRACEPARENT_PATTERN)
+
+
+@dataclass
+class Seen:
+    headers: list[dict[str, str]] = field(default_factory=list)
+    bodies: list[bytes] = field(default_factory=list)
+    queries: list[str] = field(default_factory=list)
+
+
+@pytest.fixture
+async def web_server() -> AsyncIterator[tuple[str, int, Seen]]:
+    seen = Seen()
+
+    async def handle(req: web.Request) -> web.Response:
+        seen.headers.append({k.lower(): v for k, v in req.headers.items()})
+        seen.bodies.append(await req.read())
+        seen.queries.append(req.query_string)
+        status = int(req.query.get("status", "200"))
+        return web.json_response({"ok": True}, status=status)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = next_port()
+    site = web.TCPSite(runner, "127.0.0.1", port)
+    await site.start()
+    set_global_aiohttp_client(GlobalAIOHTTPAsyncClientConfig())
+    yield f"http://127.0.0.1:{port}", port, seen
+    await close_global_aiohttp_client()
+    await runner.cleanup()
+
+
+async def test_internal_calls_carry_this_spans_traceparent_in_a_copy_of_the_headers(
+    web_server: tuple[str, int, Seen], telemetry: Capture
+) -> None:
+    base, _port, seen = web_server
+    headers = {"X-Caller": "1"}
+    with rollout_context("rollout-42"):
+        response = await request("POST", f"{base}/v1/responses", json={"q": 1}, headers=headers,
+                                 _internal=True, _server_name="policy_model", _route="/v1/responses")
+    assert response.status == 200
+    response.release()
+    assert headers == {"X-Caller": "1"}  # the caller's object is never mutated
+
+    (span,) = [s for s in telemetry.spans() if s.kind == SpanKind.CLIENT]
+    assert span.name == "POST /v1/responses"
+    sent = seen.headers[0]["traceparent"]
+    assert TRACEPARENT.fullmatch(sent)
+    ctx = span.get_span_context()
+    assert sent.startswith(f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-")
+    attrs = dict(span.attributes or {})
+    assert attrs[names.ATTR_ROLLOUT_ID] == "rollout-42"
+    assert attrs[names.ATTR_SERVER_NAME] == "policy_model"
+    assert seen.headers[0]["x-caller"] == "1"
+    assert seen.headers[0]["content-type"] == "application/json"
+    assert orjson.loads(seen.bodies[0]) == {"q": 1}
+
+
+async def test_no_traceparent_to_a_host_not_on_the_allow_list(
+    web_server: tuple[str, int, Seen], telemetry: Capture
+) -> None:
+    base, port, seen = web_server
+    (await request("GET", f"{base}/external")).release()
+    assert "traceparent" not in seen.headers[0]
+
+    STATE.propagation_targets = frozenset({f"127.0.0.1:{port + 1}"})  # another port: still no
+    (await request("GET", f"{base}/external")).release()
+    assert "traceparent" not in seen.headers[1]
+
+    STATE.propagation_targets = frozenset({f"127.0.0.1:{port}"})
+    (await request("GET", f"{base}/allowed")).release()
+    assert TRACEPARENT.fullmatch(seen.headers[2]["traceparent"])
+    assert len([s for s in telemetry.spans() if s.kind == SpanKind.CLIENT]) == 3
+
+
+async def test_no_query_string_or_credential_in_any_attribute(
+    web_server: tuple[str, int, Seen], telemetry: Capture
+) -> None:
+    _base, port, seen = web_server
+    url = f"http://alice:s3cr3tpass@127.0.0.1:{port}/v1/x?api_key=TOPSECRET&status=503#frag"
+    response = await request("GET", url, _max_num_tries=1)
+    assert response.status == 503
+    response.release()
+    assert seen.queries[0].startswith("api_key=TOPSECRET")  # the server did get it
+
+    (span,) = [s for s in telemetry.spans() if s.kind == SpanKind.CLIENT]
+    assert span.status.status_code == StatusCode.ERROR
+    assert (span.attributes or {})[names.ATTR_ERROR_TYPE] == "503"
+    recorded: list[str] = [str(v) for v in (span.attributes or {}).values()]
+    for event in span.events:
+        recorded += [str(v) for v in (event.attributes or {}).values()]
+    for metric in telemetry.metric_names():
+        for point in telemetry.metric_points(metric):
+            recorded += [str(v) for v in point.attributes.values()]
+    text = " ".join(recorded)
+    for secret in ("TOPSECRET", "api_key", "s3cr3tpass", "alice", "frag"):
+        assert secret not in text
+    assert (span.attributes or {})[names.ATTR_URL_FULL] == f"http://REDACTED:REDACTED@127.0.0.1:{port}/v1/x"
+
+
+async def test_telemetry_off_sends_nothing_and_uses_a_session_without_trace_configs(
+    web_server: tuple[str, int, Seen],
+) -> None:
+    base, _port, seen = web_server
+    assert not STATE.enabled
+    response = await request("GET", f"{base}/off", _internal=True)
+    assert response.status == 200
+    response.release()
+    assert "traceparent" not in seen.headers[0]
+    assert get_global_aiohttp_client().trace_configs == []
