@@ -45,9 +45,26 @@ def _add_dashboards(subparsers: _Subparsers[argparse.ArgumentParser]) -> None:
     build.set_defaults(handler=_dashboards_build)
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from gym_obs.server.launcher import serve
+
+    return serve(args.config, log_dir=args.log_dir, ready_timeout_s=args.ready_timeout)
+
+
+def _add_serve(subparsers: _Subparsers[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser("serve", help="start the head server and every configured server")
+    parser.add_argument("config", type=Path, help="the global config (YAML)")
+    parser.add_argument("--log-dir", type=Path, default=None, help="server logs (default: a temp directory)")
+    parser.add_argument(
+        "--ready-timeout", type=float, default=None, help="seconds each server may take to become ready"
+    )
+    parser.set_defaults(handler=_serve)
+
+
 # Each entry adds one subcommand; later subcommands (serve, harness, ...) append theirs here.
 _COMMANDS: tuple[Callable[[_Subparsers[argparse.ArgumentParser]], None], ...] = (
     _add_dashboards,
+    _add_serve,
 )
 
 

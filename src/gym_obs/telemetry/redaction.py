@@ -161,6 +161,8 @@ class _CaselessPass:
             for quote in ("q", "sq"):
                 if quote in m.re.groupindex and m.start(quote) != -1:
                     head_end = m.end(quote)
+            if text.startswith(REDACTED, head_end):
+                continue  # already scrubbed: scrubbing twice must change nothing
             pieces.append(text[pos : m.start()])
             pieces.append(text[m.start() : head_end] + REDACTED)
             pos = m.end()

@@ -1,0 +1,286 @@
+"""Server overhead: CPU per request of a trivial route, read from /proc/<pid>/stat of the server process.
+
+Each variant is one uvicorn server process (httptools, uvloop, one worker, access log off, the same uvicorn
+settings for all); load comes from a separate process (aiohttp, keep-alive, ``--concurrency`` workers), so
+only the server's own CPU is counted (utime + stime, all its threads, the span exporter thread included):
+
+* ``bare``        FastAPI, its built-in telemetry off
+* ``contrib``     FastAPI + opentelemetry-instrumentation-fastapi (receive/send spans excluded), SDK tracer
+                  provider (BatchSpanProcessor, no-op exporter) and SDK meter provider
+* ``simple_off``  ``SimpleServer.build_app()`` with telemetry off
+* ``simple_on``   ``SimpleServer.build_app()`` with telemetry on, the same SDK set-up as ``contrib``
+
+Variants run interleaved, round after round, after a warm-up; the table shows medians over rounds. The
+ratios are the medians of the per-round ratios (each round's variants ran back to back, so a round's ratio
+cancels most of the machine's drift). Targets: ``simple_on / contrib <= 1.15`` (the gym middlewares add at
+most 15% over the bare instrumentation) and ``simple_off / bare <= 1.10``. The last line is
+``middleware_overhead_ratio=<simple_on / contrib>``.
+
+Run: ``python3 benchmarks/server_overhead.py [--requests 20000] [--concurrency 16] [--rounds 7] [--check]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+_HERE = Path(__file__).resolve().parent
+_SRC = _HERE.parent / "src"
+sys.path.insert(0, str(_SRC))
+
+VARIANTS = ("bare", "contrib", "simple_off", "simple_on")
+_BASE_PORT = 24800  # 24800-24803: inside the server runtime's test range
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+_ROUTE = "/ping"
+
+
+# --- server process ----------------------------------------------------------------------------------------
+
+
+def _install_sdk() -> None:
+    """SDK tracer and meter providers exporting nowhere (the cost of recording, not of shipping)."""
+    from opentelemetry import metrics, trace
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import (
+        MetricExporter,
+        MetricExportResult,
+        PeriodicExportingMetricReader,
+    )
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    class _NoSpans(SpanExporter):
+        def export(self, spans: Sequence[Any]) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    class _NoMetrics(MetricExporter):
+        def export(
+            self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any
+        ) -> MetricExportResult:
+            return MetricExportResult.SUCCESS
+
+        def force_flush(self, timeout_millis: float = 10_000) -> bool:
+            return True
+
+        def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+            return None
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(_NoSpans()))
+    trace.set_tracer_provider(provider)
+    reader = PeriodicExportingMetricReader(_NoMetrics(), export_interval_millis=1000)
+    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+
+
+def _fastapi_app() -> Any:
+    from fastapi import FastAPI
+
+    from gym_obs.server._native_telemetry import disable_native_telemetry
+
+    app = FastAPI()
+
+    @app.get(_ROUTE)
+    async def ping() -> dict[str, bool]:
+        return {"ok": True}
+
+    disable_native_telemetry(app)
+    return app
+
+
+def _simple_app(variant: str, port: int) -> Any:
+    from fastapi import FastAPI
+
+    from gym_obs.config import parse_global_config
+    from gym_obs.server import SimpleServer
+
+    class BenchServer(SimpleServer):
+        def setup_webserver(self) -> FastAPI:
+            app = FastAPI()
+
+            @app.get(_ROUTE)
+            async def ping() -> dict[str, bool]:
+                return {"ok": True}
+
+            return app
+
+    config = parse_global_config(
+        {
+            "telemetry": {
+                "enabled": variant == "simple_on",
+                "traces_exporter": "none",
+                "metrics_exporter": "none",
+            },
+            "servers": {
+                "bench": {"entrypoint": "bench:BenchServer", "server_type": "resources_servers", "port": port}
+            },
+        }
+    )
+    return BenchServer("bench", config).build_app()
+
+
+def _serve(variant: str, port: int) -> None:
+    import uvicorn
+
+    os.environ.setdefault("OTEL_SEMCONV_STABILITY_OPT_IN", "http")
+    if variant in ("contrib", "simple_on"):
+        _install_sdk()
+    if variant in ("bare", "contrib"):
+        app = _fastapi_app()
+        if variant == "contrib":
+            from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+
+            FastAPIInstrumentor.instrument_app(app, exclude_spans=["receive", "send"])
+    else:
+        app = _simple_app(variant, port)
+    uvicorn.run(
+        app,
+        host="127.0.0.1",
+        port=port,
+        http="httptools",
+        loop="uvloop",
+        log_config=None,
+        access_log=False,
+        proxy_headers=False,
+        server_header=False,
+        lifespan="on",
+    )
+
+
+# --- load process ------------------------------------------------------------------------------------------
+
+
+async def _load(url: str, requests: int, concurrency: int) -> None:
+    import aiohttp
+
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def worker(count: int) -> None:
+            for _ in range(count):
+                async with session.get(url) as response:
+                    await response.read()
+                    if response.status != 200:
+                        raise RuntimeError(f"{url} answered {response.status}")
+
+        share, extra = divmod(requests, concurrency)
+        await asyncio.gather(*(worker(share + (1 if i < extra else 0)) for i in range(concurrency)))
+
+
+# --- driver ------------------------------------------------------------------------------------------------
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime + stime (fields 14 and 15)
+
+
+@contextlib.contextmanager
+def _servers() -> Iterator[dict[str, tuple[subprocess.Popen[bytes], int]]]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(_SRC), os.environ.get("PYTHONPATH", "")])}
+    running: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
+    try:
+        for index, variant in enumerate(VARIANTS):
+            port = _BASE_PORT + index
+            process = subprocess.Popen(
+                [sys.executable, __file__, "--serve", variant, "--port", str(port)],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            running[variant] = (process, port)
+        for variant, (process, port) in running.items():
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}{_ROUTE}", timeout=1):
+                        break
+                except OSError:
+                    if process.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(f"{variant} server did not start") from None
+                    time.sleep(0.1)
+        yield running
+    finally:
+        for process, _ in running.values():
+            process.terminate()
+        for process, _ in running.values():
+            process.wait(timeout=10)
+
+
+def _drive(port: int, requests: int, concurrency: int) -> None:
+    url = f"http://127.0.0.1:{port}{_ROUTE}"
+    cmd = [
+        sys.executable,
+        __file__,
+        "--load",
+        url,
+        "--requests",
+        str(requests),
+        "--concurrency",
+        str(concurrency),
+    ]
+    subprocess.run(cmd, check=True)
+
+
+def _paired_ratio(numerator: list[float], denominator: list[float]) -> float:
+    return statistics.median(a / b for a, b in zip(numerator, denominator, strict=True))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--requests", type=int, default=20000)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    parser.add_argument("--serve", choices=VARIANTS, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--load", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve:
+        _serve(args.serve, args.port)
+        return 0
+    if args.load:
+        asyncio.run(_load(args.load, args.requests, args.concurrency))
+        return 0
+
+    per_request: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
+    with _servers() as running:
+        for process, port in running.values():  # warm-up: imports, first-request paths, pools
+            _drive(port, max(500, args.requests // 5), args.concurrency)
+            del process
+        for _ in range(args.rounds):
+            for variant in VARIANTS:
+                process, port = running[variant]
+                before = _cpu_seconds(process.pid)
+                _drive(port, args.requests, args.concurrency)
+                per_request[variant].append((_cpu_seconds(process.pid) - before) / args.requests)
+
+    medians = {variant: statistics.median(values) for variant, values in per_request.items()}
+    print(f"server CPU per request, median of {args.rounds} rounds x {args.requests} requests")
+    print(f"{'variant':<12} {'µs/request':>11} {'x bare':>8}  rounds (µs)")
+    for variant in VARIANTS:
+        rounds = " ".join(f"{value * 1e6:.0f}" for value in per_request[variant])
+        relative = medians[variant] / medians["bare"]
+        print(f"{variant:<12} {medians[variant] * 1e6:>11.1f} {relative:>8.2f}  {rounds}")
+    off_ratio = _paired_ratio(per_request["simple_off"], per_request["bare"])
+    ratio = _paired_ratio(per_request["simple_on"], per_request["contrib"])
+    print(f"simple_off_vs_bare={off_ratio:.3f} (target <= 1.10)")
+    print(f"middleware_overhead_ratio={ratio:.3f}")
+    if args.check and (ratio > 1.15 or off_ratio > 1.10):
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

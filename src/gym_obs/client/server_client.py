@@ -1,0 +1,172 @@
+"""ServerClient: reach the other servers of a deployment by name.
+
+A process started by the launcher already has the resolved global config in its environment
+(``GYM_OBS_GLOBAL_CONFIG``); any other process (a harness, a notebook) fetches it from the head server.
+Requests go through :func:`gym_obs.client.http_client.request` as internal gym calls, so they get the
+retries, the CLIENT span, trace propagation and the ``gym.server.name`` label; the current rollout id
+travels as the ``X-NG-Rollout-Id`` header (and on the span as ``gym.rollout.id``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import urllib.error
+import urllib.request
+from typing import Any, Final, Literal
+
+import aiohttp
+
+from gym_obs.client._addresses import connectable_host, server_base_url
+from gym_obs.client.http_client import get_global_aiohttp_control_client, request
+from gym_obs.config import (
+    ConfigError,
+    GlobalConfig,
+    HeadServerConfig,
+    ServerInstanceConfig,
+    parse_global_config,
+)
+from gym_obs.telemetry import names
+from gym_obs.telemetry.propagation import current_rollout_id
+
+__all__ = [
+    "HeadServerUnavailableError",
+    "PollStatus",
+    "ServerClient",
+    "connectable_host",
+    "fetch_global_config",
+    "global_config_from_environment",
+    "server_base_url",
+]
+
+PollStatus = Literal["success", "connection_error", "timeout", "unknown_error"]
+
+_HEAD_TIMEOUT_S: Final = 5.0
+_READY_PATH: Final = "/readyz"
+
+
+class HeadServerUnavailableError(ConnectionError):
+    """The head server could not be reached or gave no usable config; the message says where we looked."""
+
+
+def global_config_from_environment() -> GlobalConfig | None:
+    """The config the launcher injected into this process (``GYM_OBS_GLOBAL_CONFIG``), else ``None``."""
+    raw = os.environ.get(names.ENV_GLOBAL_CONFIG)
+    if not raw:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError as error:
+        raise ConfigError(f"${names.ENV_GLOBAL_CONFIG} is not valid JSON: {error}") from None
+    return parse_global_config(data, source=f"${names.ENV_GLOBAL_CONFIG}")
+
+
+def fetch_global_config(
+    head_server_config: HeadServerConfig, *, timeout_s: float = _HEAD_TIMEOUT_S
+) -> GlobalConfig:
+    """GET ``/global_config`` from the head server (blocking; proxies from the environment are ignored)."""
+    url = server_base_url(head_server_config.host, head_server_config.port) + "/global_config"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    hint = (
+        "is the head server running (`gym-obs serve CONFIG.yaml`)? Processes started by the launcher get "
+        f"the config through ${names.ENV_GLOBAL_CONFIG} instead"
+    )
+    try:
+        with opener.open(url, timeout=timeout_s) as response:
+            data = json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        raise HeadServerUnavailableError(
+            f"the head server at {url} answered HTTP {error.code}; {hint}"
+        ) from None
+    except (urllib.error.URLError, OSError, ValueError) as error:
+        reason = getattr(error, "reason", None) or error
+        raise HeadServerUnavailableError(
+            f"could not fetch the global config from the head server at {url}: {reason}; {hint}"
+        ) from None
+    return parse_global_config(data, source=url)
+
+
+class ServerClient:
+    """Finds servers by name in the global config and sends requests to them."""
+
+    def __init__(
+        self, global_config: GlobalConfig, head_server_config: HeadServerConfig | None = None
+    ) -> None:
+        self.global_config = global_config
+        self.head_server_config = head_server_config or global_config.head_server
+        self._base_urls: dict[str, str] = {}
+
+    @classmethod
+    def load_from_global_config(cls, head_server_config: HeadServerConfig | None = None) -> ServerClient:
+        """The launcher's config when this process was launched by it (or by one of its servers: the
+        environment is inherited), else the head server's (``head_server_config``, default 127.0.0.1:11000).
+
+        Raises :class:`HeadServerUnavailableError` naming the URL it tried when the head server is down.
+        """
+        config = global_config_from_environment()
+        if config is None:
+            head = head_server_config or HeadServerConfig()
+            return cls(fetch_global_config(head), head)
+        return cls(config)
+
+    # -- addresses -----------------------------------------------------------------------------------------
+
+    def server_config(self, server_name: str) -> ServerInstanceConfig:
+        return self.global_config.server(server_name)
+
+    def base_url(self, server_name: str) -> str:
+        """``http://host:port`` of a server; wildcard bind addresses become loopback."""
+        url = self._base_urls.get(server_name)
+        if url is None:
+            server = self.server_config(server_name)
+            url = self._base_urls[server_name] = server_base_url(server.host, server.port)
+        return url
+
+    def url(self, server_name: str, url_path: str) -> str:
+        return self.base_url(server_name) + (url_path if url_path.startswith("/") else "/" + url_path)
+
+    # -- requests ------------------------------------------------------------------------------------------
+
+    async def request(
+        self, server_name: str, url_path: str, method: str = "GET", **kwargs: Any
+    ) -> aiohttp.ClientResponse:
+        """Send ``method url_path`` to ``server_name`` through ``request()`` (retries, span, propagation).
+
+        Keyword arguments are ``request()``'s and aiohttp's (``json=``, ``headers=``, ``_route=``...).
+        The caller owns the response: read it or release it.
+        """
+        rollout_id = current_rollout_id()
+        if rollout_id is not None:
+            headers = dict(kwargs.get("headers") or {})
+            headers.setdefault(names.ROLLOUT_ID_HEADER, rollout_id)
+            kwargs["headers"] = headers
+        return await request(
+            method, self.url(server_name, url_path), _internal=True, _server_name=server_name, **kwargs
+        )
+
+    async def get(self, server_name: str, url_path: str, **kwargs: Any) -> aiohttp.ClientResponse:
+        return await self.request(server_name, url_path, "GET", **kwargs)
+
+    async def post(self, server_name: str, url_path: str, **kwargs: Any) -> aiohttp.ClientResponse:
+        return await self.request(server_name, url_path, "POST", **kwargs)
+
+    async def poll_for_status(self, server_name: str, timeout_seconds: float = 5) -> PollStatus:
+        """One readiness probe (``GET /readyz`` on the control pool, no retries, no span).
+
+        ``success`` for a 200, ``connection_error`` when nothing listens or the connection drops,
+        ``timeout`` when no answer came in time, ``unknown_error`` otherwise (a 503 while starting, too).
+        """
+        url = self.url(server_name, _READY_PATH)
+        try:
+            async with asyncio.timeout(timeout_seconds):
+                session = get_global_aiohttp_control_client()
+                async with session.get(url) as response:
+                    await response.read()
+                    return "success" if response.status == 200 else "unknown_error"
+        except TimeoutError:
+            return "timeout"
+        except (aiohttp.ClientConnectionError, ConnectionError):
+            return "connection_error"
+        except Exception:
+            return "unknown_error"

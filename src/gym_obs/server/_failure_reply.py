@@ -1,0 +1,176 @@
+"""Failure log and exception reply: every failure a request saw goes back to its caller as a report.
+
+One pure ASGI middleware per server (inside the SERVER span, so events carry its trace and span ids):
+- a fresh ``RequestFailureLog`` is current while the request runs; handlers and the client observe into it;
+- every reply of a request that observed failures carries ``X-NG-Failure-Report`` (success replies too:
+  a model attempt that a retry recovered is still reported);
+- an unhandled ``NgFailureEvent`` answers with its ``http_status`` (default 500) and a JSON body holding the
+  report; any other exception becomes an ``internal_error`` event at this server's boundary with the
+  exception as its (foreign) cause; an HTTP error reply from an inner gym call keeps the inner event as cause.
+Bodies carry the bounded, scrubbed report only: never a traceback, never the exception's raw text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Final
+
+import aiohttp
+import orjson
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gym_obs.client.boundary import report_from_reply_body
+from gym_obs.failures.event import NgFailureEvent, exception_type_name
+from gym_obs.failures.kinds import Boundary
+from gym_obs.failures.report import FailureReport, find_boundary_failure, rebuild_failure
+from gym_obs.failures.transport import (
+    FAILURE_REPORT_BODY_KEY,
+    RequestFailureLog,
+    encode_failure_report,
+    observe_failure,
+    report_from_reply_header,
+    request_failure_log,
+)
+from gym_obs.server._disconnect import DisconnectCancelMiddleware
+from gym_obs.server._report_header import REPORT_HEADER, with_report_header
+
+__all__ = ["FailureReplyMiddleware", "boundary_for_server_type", "failure_for_exception"]
+
+_DEFAULT_STATUS: Final = 500
+_BOUNDARIES: Final[dict[str, Boundary]] = {
+    "responses_api_models": "model",
+    "resources_servers": "resources_server",
+    "responses_api_agents": "agent",
+}
+
+_log = logging.getLogger("gym_obs.server")
+
+
+def boundary_for_server_type(server_type: str | None) -> Boundary:
+    """The failure boundary a server of ``server_type`` reports as (``harness`` for other types)."""
+    return _BOUNDARIES.get(server_type or "", "harness")
+
+
+def _inner_failure(error: aiohttp.ClientResponseError) -> NgFailureEvent | None:
+    """The gym failure an inner call's error reply reported (body first, then header), if any."""
+    report: FailureReport | None = report_from_reply_body(getattr(error, "response_content", None))
+    if report is None or report.failure_id is None:
+        headers = error.headers
+        report = report_from_reply_header(dict(headers)) if headers is not None else None
+    return rebuild_failure(report) if report is not None and report.failure_id is not None else None
+
+
+def failure_for_exception(error: BaseException, boundary: Boundary) -> NgFailureEvent:
+    """The event to reply with for an unhandled ``error`` (the error itself when it is a gym event)."""
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]  # a task group around one failure (anyio, BaseHTTPMiddleware)
+    if isinstance(error, NgFailureEvent):
+        return error
+    event = NgFailureEvent(
+        "internal_error",
+        # The message travels once, scrubbed, on the foreign cause record; the reason names the type only.
+        f"unhandled {exception_type_name(error)}",
+        boundary=boundary,
+        http_status=_DEFAULT_STATUS,
+    )
+    inner = _inner_failure(error) if isinstance(error, aiohttp.ClientResponseError) else None
+    if inner is None and isinstance(error, aiohttp.ClientResponseError):
+        inner = find_boundary_failure(error)
+    event.__cause__ = inner if inner is not None else error
+    return event
+
+
+class _Reply:
+    """Per-request state without disconnect handling: the failure log and whether the reply started."""
+
+    __slots__ = ("_send", "log", "response_started")
+
+    def __init__(self, log: RequestFailureLog, send: Send) -> None:
+        self.log = log
+        self._send = send
+        self.response_started = False
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.response_started = True
+            if len(self.log):
+                message = with_report_header(message, self.log)
+        await self._send(message)
+
+
+class FailureReplyMiddleware:
+    """Keeps the request's failure log, reports it on every reply, turns exceptions into failure replies.
+
+    With ``disconnect_watch_delay_s`` it also cancels the handler when the caller disconnects before the
+    reply (:class:`DisconnectCancelMiddleware` fused in: one layer and one ``send`` wrapper per request).
+    """
+
+    def __init__(
+        self, app: ASGIApp, *, boundary: Boundary = "harness", disconnect_watch_delay_s: float | None = None
+    ) -> None:
+        self.app = app
+        self.boundary = boundary
+        self._cancellable = (
+            None
+            if disconnect_watch_delay_s is None
+            else DisconnectCancelMiddleware(app, watch_delay_s=disconnect_watch_delay_s)
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        cancellable = self._cancellable
+        if cancellable is None or scope["type"] != "http" or (task := asyncio.current_task()) is None:
+            await self._call_plain(scope, receive, send)
+            return
+        with request_failure_log() as log:
+            watch = cancellable.begin(receive, send, task, log)
+            try:
+                await self.app(scope, watch.receive, watch.send)
+            except asyncio.CancelledError:
+                if not cancellable.absorb(watch, scope):
+                    raise
+            except Exception as error:
+                if watch.cancelled_by_us:  # the caller is gone: nothing is sent, the error is only logged
+                    _log.warning("handler failed after the caller disconnected", exc_info=error)
+                    return
+                if watch.response_started:
+                    _log.error("handler failed after the reply started", exc_info=error)
+                    raise
+                await self._reply(error, log, send)
+            finally:
+                cancellable.end(watch)
+
+    async def _call_plain(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        with request_failure_log() as log:
+            reply = _Reply(log, send)
+            try:
+                await self.app(scope, receive, reply.send)
+            except Exception as error:
+                if reply.response_started:
+                    _log.error("handler failed after the reply started", exc_info=error)
+                    raise
+                await self._reply(error, log, send)
+
+    async def _reply(self, error: Exception, log: RequestFailureLog, send: Send) -> None:
+        event = failure_for_exception(error, self.boundary)
+        observe_failure(event)
+        report = log.report(final=event)
+        status = event.http_status or _DEFAULT_STATUS
+        if event is error:
+            _log.warning("replying with failure %s (%s)", event.event_id, event)
+        else:
+            _log.error("unhandled exception; replying with failure %s", event.event_id, exc_info=error)
+        payload: dict[str, Any] = {"detail": str(event)}
+        headers = [(b"content-type", b"application/json")]
+        if report is not None:
+            payload[FAILURE_REPORT_BODY_KEY] = report.to_payload()
+            value = encode_failure_report(report)
+            if value:
+                headers.append((REPORT_HEADER, value.encode("latin-1")))
+        body = orjson.dumps(payload)
+        headers.append((b"content-length", str(len(body)).encode("latin-1")))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,38 @@
+"""Switch off FastAPI's built-in OpenTelemetry so each request has exactly one SERVER span.
+
+FastAPI >= 0.165 traces, meters and logs every request by itself as soon as a global OpenTelemetry
+provider is installed (``FastAPI.__call__`` -> ``NativeTelemetry``). gym servers get their SERVER span
+from opentelemetry-instrumentation-fastapi instead (one span shape across versions, receive/send
+sub-spans excluded, health routes excluded), so the built-in one must never run: it would add a second
+SERVER span whenever the contrib middleware is not in the built stack (instrumentation off or failed,
+mounted sub-apps), emit spans while gym telemetry is off, and log exception messages with stack traces.
+
+Two independent switches, both no-ops on FastAPI versions without the feature:
+- the app's telemetry config is turned off (``enabled()`` becomes False, so ``__call__`` goes straight to
+  Starlette and the lifespan never auto-configures exporters);
+- the outermost gym middleware puts ``scope["fastapi.telemetry"] = None`` on every request, which is how
+  FastAPI itself marks a request as excluded (it also covers FastAPI apps mounted inside the server).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+NATIVE_TELEMETRY_SCOPE_KEY: Final = "fastapi.telemetry"
+
+_OFF: Final = {
+    "tracing": False,
+    "metrics": False,
+    "logs": False,
+    "operation_spans": False,
+    "auto_configure": False,
+}
+
+
+def disable_native_telemetry(app: Any) -> bool:
+    """Turn FastAPI's built-in telemetry off for ``app``; True when the running FastAPI has it."""
+    config = getattr(app, "_telemetry", None)
+    if not isinstance(config, dict):
+        return False
+    config.update(_OFF)
+    return True

@@ -1,0 +1,247 @@
+"""BaseServer and SimpleServer: a gym server is a FastAPI app plus the runtime around it.
+
+Subclass :class:`SimpleServer` and implement ``setup_webserver() -> FastAPI``. ``build_app()`` returns the
+fully wrapped ASGI app (telemetry set up first, liveness routes, the gym middlewares, the one SERVER span);
+it runs under any ASGI server and in tests. ``run_webserver()`` serves it under uvicorn from the global
+config. Servers are started by the launcher (``gym-obs serve``), which imports ``entrypoint`` and calls
+:func:`load_server` in each child process.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import importlib
+import os
+from collections.abc import AsyncIterator, Callable
+from typing import Any, ClassVar
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp
+
+from gym_obs.client.server_client import ServerClient, global_config_from_environment
+from gym_obs.config import GlobalConfig, ServerInstanceConfig
+from gym_obs.failures.kinds import Boundary
+from gym_obs.server._disconnect import DEFAULT_WATCH_DELAY_S
+from gym_obs.server._failure_reply import FailureReplyMiddleware, boundary_for_server_type
+from gym_obs.server._instrumentation import HEALTH_ROUTES, instrument_app_for_telemetry
+from gym_obs.server._native_telemetry import disable_native_telemetry
+from gym_obs.server.middleware import PathContextMiddleware
+from gym_obs.server.uvicorn import (
+    ServerStartupError,
+    bind_listen_socket,
+    build_uvicorn_config,
+    check_worker_count,
+    serve_uvicorn,
+    validate_forwarded_allow_ips,
+)
+from gym_obs.telemetry import names
+from gym_obs.telemetry.logging import configure_logging, get_logger
+from gym_obs.telemetry.setup import TelemetryHandle, setup_telemetry, shutdown_telemetry
+
+__all__ = ["BaseServer", "SimpleServer", "import_server_class", "load_server"]
+
+_WORKER_FACTORY = "gym_obs.server.base_server:_worker_app"
+_FLUSH_TIMEOUT_S = 5.0
+
+_log = get_logger("gym_obs.server")
+
+
+class BaseServer:
+    """What every gym server process has: its name, the global config, its own entry and a ServerClient."""
+
+    def __init__(self, server_name: str, global_config: GlobalConfig) -> None:
+        self.server_name = server_name
+        self.global_config = global_config
+        self.config: ServerInstanceConfig = global_config.server(server_name)
+        self.server_type: str = self.config.server_type
+        self._server_client: ServerClient | None = None
+
+    @property
+    def where(self) -> str:
+        """This server's key in the global config, for error messages."""
+        return f"servers.{self.server_name}"
+
+    @property
+    def failure_boundary(self) -> Boundary:
+        """The boundary this server's own failures are reported at (follows ``server_type``)."""
+        return boundary_for_server_type(self.server_type)
+
+    @property
+    def server_client(self) -> ServerClient:
+        """Reaches the other servers of the same global config."""
+        if self._server_client is None:
+            self._server_client = ServerClient(self.global_config)
+        return self._server_client
+
+    def multiple_workers_unsupported_reason(self) -> str | None:
+        """Why this server cannot run ``num_workers > 1`` (state in process memory), else ``None``."""
+        return None
+
+
+class SimpleServer(BaseServer, abc.ABC):
+    """A gym server: implement :meth:`setup_webserver`; the runtime adds everything else."""
+
+    #: Delay before a running handler starts watching for the caller's disconnect (see _disconnect).
+    disconnect_watch_delay_s: ClassVar[float] = DEFAULT_WATCH_DELAY_S
+
+    def __init__(self, server_name: str, global_config: GlobalConfig) -> None:
+        super().__init__(server_name, global_config)
+        self.telemetry: TelemetryHandle | None = None
+        self._started = False
+
+    @abc.abstractmethod
+    def setup_webserver(self) -> FastAPI:
+        """Build this server's FastAPI app (routes, its own middlewares)."""
+
+    # -- readiness -----------------------------------------------------------------------------------------
+
+    def is_ready(self) -> bool:
+        """``/readyz`` answers 200 when this is True; override to wait for a model load, for example."""
+        return self._started
+
+    def _add_liveness_routes(self, app: FastAPI) -> None:
+        existing = {getattr(route, "path", None) for route in app.router.routes}
+
+        async def livez() -> JSONResponse:
+            return JSONResponse({"status": "ok", "server_name": self.server_name, **_process_ids()})
+
+        async def readyz() -> JSONResponse:
+            ready = self.is_ready()
+            body = {
+                "status": "ready" if ready else "starting",
+                "server_name": self.server_name,
+                **_process_ids(),
+            }
+            return JSONResponse(body, status_code=200 if ready else 503)
+
+        for path, endpoint in zip(HEALTH_ROUTES, (livez, readyz), strict=True):
+            if path not in existing:
+                app.add_api_route(path, endpoint, methods=["GET"], include_in_schema=False)
+
+    def _track_lifespan(self, app: FastAPI) -> None:
+        inner = app.router.lifespan_context
+
+        @contextlib.asynccontextmanager
+        async def lifespan(lifespan_app: Any) -> AsyncIterator[Any]:
+            async with inner(lifespan_app) as state:
+                self._started = True
+                try:
+                    yield state
+                finally:
+                    self._started = False
+                    if self.telemetry is not None and self.telemetry.enabled:
+                        self.telemetry.force_flush(_FLUSH_TIMEOUT_S)
+
+        app.router.lifespan_context = lifespan
+
+    # -- the app -------------------------------------------------------------------------------------------
+
+    def build_app(self) -> ASGIApp:
+        """The fully wrapped ASGI app. Telemetry is set up first, so the app is built with it in place."""
+        self.telemetry = setup_telemetry(
+            self.server_name, self.server_type, config=self.global_config.telemetry
+        )
+        app = self.setup_webserver()
+        if not isinstance(app, FastAPI):
+            raise TypeError(f"{type(self).__name__}.setup_webserver() must return a FastAPI app, got {app!r}")
+        disable_native_telemetry(app)
+        self._add_liveness_routes(app)
+        self._track_lifespan(app)
+        # Outermost of the app's own middlewares (inside the SERVER span): failure log and replies, with
+        # client-disconnect cancellation fused in (one layer per request).
+        app.add_middleware(
+            FailureReplyMiddleware,
+            boundary=self.failure_boundary,
+            disconnect_watch_delay_s=self.disconnect_watch_delay_s,
+        )
+        instrument_app_for_telemetry(app)
+        return PathContextMiddleware(app)
+
+    def run_webserver(self) -> None:
+        """Serve under uvicorn as configured in the global config until SIGINT/SIGTERM, then flush telemetry.
+
+        Raises :class:`ServerStartupError` (naming the config key) before anything starts when the
+        configuration cannot work: proxy allow-list, worker count, an address already in use.
+        """
+        server = self.config
+        check_worker_count(server.num_workers, self.multiple_workers_unsupported_reason(), where=self.where)
+        validate_forwarded_allow_ips(
+            server.forwarded_allow_ips,
+            proxy_headers=server.proxy_headers,
+            where=f"{self.where}.forwarded_allow_ips",
+        )
+        sock = bind_listen_socket(server.host, server.port, reuse_port=server.reuse_port, where=self.where)
+        try:
+            if server.num_workers > 1:
+                # Each worker builds its own app (own telemetry, own service.instance.id) from the env.
+                os.environ[names.ENV_GLOBAL_CONFIG] = self.global_config.model_dump_json()
+                os.environ[names.ENV_SERVER_NAME] = self.server_name
+                config = build_uvicorn_config(
+                    _WORKER_FACTORY, server, self.global_config.client, where=self.where, factory=True
+                )
+                on_exit: Callable[[], object] | None = None
+            else:
+                config = build_uvicorn_config(
+                    self.build_app(), server, self.global_config.client, where=self.where
+                )
+                on_exit = _flush_and_shutdown
+        except BaseException:
+            sock.close()
+            raise
+        _log.info(
+            "serving",
+            server_type=self.server_type,
+            url=f"http://{server.host}:{server.port}",
+            workers=server.num_workers,
+        )
+        serve_uvicorn(config, sock, on_exit=on_exit)
+
+
+def _process_ids() -> dict[str, int]:
+    """pid and parent pid: the launcher checks that the process answering is the one it started."""
+    return {"pid": os.getpid(), "ppid": os.getppid()}
+
+
+def _flush_and_shutdown() -> None:
+    shutdown_telemetry(_FLUSH_TIMEOUT_S)
+
+
+def import_server_class(entrypoint: str, *, where: str = "server") -> type[SimpleServer]:
+    """Import ``package.module:ClassName``; errors name the config key and what went wrong."""
+    module_name, _, qualname = entrypoint.partition(":")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except Exception as error:
+        raise ServerStartupError(
+            f"{where}.entrypoint: cannot import module {module_name!r}: {type(error).__name__}: {error}"
+        ) from error
+    for part in qualname.split("."):
+        target = getattr(target, part, None)
+        if target is None:
+            raise ServerStartupError(f"{where}.entrypoint: module {module_name!r} has no {qualname!r}")
+    if not (isinstance(target, type) and issubclass(target, SimpleServer)):
+        raise ServerStartupError(f"{where}.entrypoint: {entrypoint!r} is not a SimpleServer subclass")
+    return target
+
+
+def load_server(server_name: str, global_config: GlobalConfig) -> SimpleServer:
+    """Instantiate the configured server class for ``server_name``."""
+    where = f"servers.{server_name}"
+    try:
+        entry = global_config.server(server_name)
+    except KeyError as error:
+        raise ServerStartupError(str(error.args[0])) from None
+    cls = import_server_class(entry.entrypoint, where=where)
+    return cls(server_name, global_config)
+
+
+def _worker_app() -> ASGIApp:
+    """uvicorn worker factory (``num_workers > 1``): rebuild the server from the environment."""
+    configure_logging()
+    config = global_config_from_environment()
+    name = os.environ.get(names.ENV_SERVER_NAME)
+    if config is None or not name:
+        raise ServerStartupError(f"{names.ENV_GLOBAL_CONFIG} and {names.ENV_SERVER_NAME} must be set")
+    return load_server(name, config).build_app()

@@ -1,0 +1,325 @@
+"""Launcher: the head server and every configured server as separate processes, up and down together.
+
+``launch(config)`` (a context manager, for tests and the harness) and ``gym-obs serve CONFIG.yaml`` (the
+command) start the head server, then every server (``python -m gym_obs.server._child``) with the resolved
+global config in its environment, wait for each ``/readyz`` (bounded per server by ``startup_timeout_s``),
+and on failure stop everything and raise an error naming the server with the tail of its log. Each child is
+its own process group, so Ctrl-C reaches the launcher only and servers are stopped in order (SIGTERM: uvicorn
+shuts down gracefully and telemetry is flushed; SIGKILL after a grace period).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Final
+
+import gym_obs
+from gym_obs.client._addresses import server_base_url
+from gym_obs.config import GlobalConfig, load_global_config
+from gym_obs.server.head_server import HEAD_SERVER_NAME
+from gym_obs.server.uvicorn import ServerStartupError, validate_forwarded_allow_ips
+from gym_obs.telemetry import names
+
+__all__ = [
+    "HEAD_SERVER_NAME",
+    "Launch",
+    "LaunchError",
+    "LaunchedProcess",
+    "ServerStartupError",
+    "launch",
+    "preflight",
+    "serve",
+]
+
+_POLL_S: Final = 0.1
+_PROBE_TIMEOUT_S: Final = 1.0
+_HEAD_STARTUP_TIMEOUT_S: Final = 30.0
+_STOP_GRACE_S: Final = 10.0
+_LOG_TAIL_LINES: Final = 40
+
+
+class LaunchError(RuntimeError):
+    """A server could not be started or died; the message names it and shows the tail of its log."""
+
+
+@dataclass
+class LaunchedProcess:
+    """One child process: its name, URL, log file and the Popen handle."""
+
+    name: str
+    server_type: str
+    url: str
+    log_path: Path
+    process: subprocess.Popen[bytes]
+    num_workers: int = 1
+    _log_file: IO[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def exit_code(self) -> int | None:
+        return self.process.poll()
+
+    def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
+
+
+def _probe(url: str, pid: int) -> bool:
+    """200 from ``url``, answered by ``pid`` or one of its workers (not a stray server on that port)."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=_PROBE_TIMEOUT_S) as response:
+            body = json.loads(response.read())
+            status = response.status
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+    return status == 200 and isinstance(body, dict) and pid in (body.get("pid"), body.get("ppid"))
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with code {code}"
+
+
+class Launch:
+    """The running deployment: head server and servers. ``stop()`` is idempotent."""
+
+    def __init__(self, config: GlobalConfig, log_dir: Path) -> None:
+        self.config = config
+        self.log_dir = log_dir
+        self.head: LaunchedProcess | None = None
+        self.servers: dict[str, LaunchedProcess] = {}
+        self._stopped = False
+
+    @property
+    def head_url(self) -> str:
+        head = self.config.head_server
+        return server_base_url(head.host, head.port)
+
+    def processes(self) -> list[LaunchedProcess]:
+        """Servers first, head last (the order they are stopped in)."""
+        return [*self.servers.values(), *([self.head] if self.head is not None else [])]
+
+    def dead(self) -> list[LaunchedProcess]:
+        """Processes that have exited."""
+        return [proc for proc in self.processes() if proc.exit_code() is not None]
+
+    def check(self) -> None:
+        """Raise :class:`LaunchError` if any process has exited."""
+        for proc in self.dead():
+            raise LaunchError(_died_message(proc))
+
+    # -- start ---------------------------------------------------------------------------------------------
+
+    def _spawn(
+        self, name: str, server_type: str, url: str, args: list[str], env: Mapping[str, str], workers: int = 1
+    ) -> LaunchedProcess:
+        log_path = self.log_dir / f"{name}.log"
+        log_file = open(log_path, "ab")  # noqa: SIM115 - owned by LaunchedProcess, closed in stop()
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "gym_obs.server._child", *args],
+                env=dict(env),
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # Ctrl-C goes to the launcher, which stops children in order
+            )
+        except BaseException:
+            log_file.close()
+            raise
+        return LaunchedProcess(name, server_type, url, log_path, process, workers, log_file)
+
+    def _wait_ready(self, proc: LaunchedProcess, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        ready_url = proc.url + "/readyz"
+        while True:
+            code = proc.exit_code()
+            if code is not None:
+                raise LaunchError(_died_message(proc, before_ready=True))
+            if _probe(ready_url, proc.pid):
+                return
+            if time.monotonic() > deadline:
+                raise LaunchError(
+                    f"server {proc.name!r} did not become ready at {ready_url} within {timeout_s:g}s "
+                    f"(startup_timeout_s); last lines of {proc.log_path}:\n{proc.log_tail()}"
+                )
+            time.sleep(_POLL_S)
+
+    def start(self, env: Mapping[str, str], ready_timeout_s: float | None) -> None:
+        self.head = self._spawn(HEAD_SERVER_NAME, HEAD_SERVER_NAME, self.head_url, ["--head"], env)
+        self._wait_ready_head()
+        for name, server in self.config.servers.items():
+            url = server_base_url(server.host, server.port)
+            child_env = {**env, names.ENV_SERVER_NAME: name}
+            self.servers[name] = self._spawn(
+                name, server.server_type, url, [name], child_env, server.num_workers
+            )
+        for name, proc in self.servers.items():
+            self._wait_ready(proc, ready_timeout_s or self.config.servers[name].startup_timeout_s)
+        # The head's /readyz turns 200 once it has seen every server ready: one place for callers to wait.
+        if self.head is not None and self.servers:
+            self._wait_ready(self.head, _HEAD_STARTUP_TIMEOUT_S)
+
+    def _wait_ready_head(self) -> None:
+        assert self.head is not None
+        deadline = time.monotonic() + _HEAD_STARTUP_TIMEOUT_S
+        while not _probe(self.head.url + "/livez", self.head.pid):
+            if self.head.exit_code() is not None:
+                raise LaunchError(_died_message(self.head, before_ready=True))
+            if time.monotonic() > deadline:
+                raise LaunchError(
+                    f"the head server did not start at {self.head.url} within {_HEAD_STARTUP_TIMEOUT_S:g}s; "
+                    f"last lines of {self.head.log_path}:\n{self.head.log_tail()}"
+                )
+            time.sleep(_POLL_S)
+
+    # -- stop ----------------------------------------------------------------------------------------------
+
+    def stop(self, grace_s: float = _STOP_GRACE_S) -> None:
+        """SIGTERM every process (servers, then head), SIGKILL its group after ``grace_s``."""
+        if self._stopped:
+            return
+        self._stopped = True
+        procs = self.processes()
+        for proc in procs:
+            if proc.exit_code() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for proc in procs:
+            try:
+                proc.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)  # the child's own group: its uvicorn workers too
+                proc.process.wait()
+            if proc._log_file is not None:
+                proc._log_file.close()
+
+
+def _died_message(proc: LaunchedProcess, *, before_ready: bool = False) -> str:
+    code = proc.exit_code()
+    when = " before becoming ready" if before_ready else ""
+    what = _describe_exit(code) if code is not None else "stopped"
+    return (
+        f"server {proc.name!r} {what}{when}; last lines of {proc.log_path}:\n{proc.log_tail()}"
+    )
+
+
+def preflight(config: GlobalConfig) -> None:
+    """Checks that need no child process: every proxy allow-list (raises ServerStartupError)."""
+    for name, server in config.servers.items():
+        validate_forwarded_allow_ips(
+            server.forwarded_allow_ips,
+            proxy_headers=server.proxy_headers,
+            where=f"servers.{name}.forwarded_allow_ips",
+        )
+
+
+def _child_environment(config: GlobalConfig, extra: Mapping[str, str] | None) -> dict[str, str]:
+    env = dict(os.environ)
+    if extra:
+        env.update(extra)
+    env[names.ENV_GLOBAL_CONFIG] = config.model_dump_json()
+    env["PYTHONUNBUFFERED"] = "1"
+    # Children run the same gym_obs as the launcher, installed or not.
+    package_root = str(Path(gym_obs.__file__).resolve().parent.parent)
+    paths = [package_root, *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    return env
+
+
+@contextlib.contextmanager
+def launch(
+    config: GlobalConfig | str | os.PathLike[str],
+    *,
+    log_dir: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    ready_timeout_s: float | None = None,
+    stop_grace_s: float = _STOP_GRACE_S,
+) -> Iterator[Launch]:
+    """Start the head server and every server, wait until all are ready, stop them all on exit.
+
+    ``config`` is a GlobalConfig or a YAML path. ``env`` adds environment variables for the children.
+    Raises :class:`~gym_obs.config.ConfigError` / :class:`ServerStartupError` before starting anything
+    for a bad config, and :class:`LaunchError` (everything already started is stopped) when a server
+    fails to start.
+    """
+    resolved = config if isinstance(config, GlobalConfig) else load_global_config(config)
+    preflight(resolved)
+    directory = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="gym-obs-"))
+    directory.mkdir(parents=True, exist_ok=True)
+    running = Launch(resolved, directory)
+    try:
+        running.start(_child_environment(resolved, env), ready_timeout_s)
+        yield running
+    finally:
+        running.stop(stop_grace_s)
+
+
+
+# --- the `gym-obs serve` command ---------------------------------------------------------------------------
+
+
+def _print_table(running: Launch) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="gym_obs servers", title_justify="left")
+    for column in ("server", "type", "url", "pid", "workers", "log"):
+        table.add_column(column)
+    for proc in [*([running.head] if running.head is not None else []), *running.servers.values()]:
+        table.add_row(
+            proc.name, proc.server_type, proc.url, str(proc.pid), str(proc.num_workers), str(proc.log_path)
+        )
+    console = Console(stderr=False)
+    console.print(table)
+    console.print("All servers are ready. Press Ctrl-C to stop them.")
+
+
+def _raise_keyboard_interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def serve(
+    config_path: str | os.PathLike[str],
+    *,
+    log_dir: str | os.PathLike[str] | None = None,
+    ready_timeout_s: float | None = None,
+) -> int:
+    """Run a deployment in the foreground until Ctrl-C (exit 0) or until a server dies (exit 1)."""
+    previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    try:
+        with launch(config_path, log_dir=log_dir, ready_timeout_s=ready_timeout_s) as running:
+            _print_table(running)
+            while True:
+                running.check()
+                time.sleep(0.5)
+    except KeyboardInterrupt:
+        print("gym_obs: stopping servers", file=sys.stderr)
+        return 0
+    except (LaunchError, ServerStartupError, ValueError) as error:  # ConfigError is a ValueError
+        print(f"gym_obs: {error}", file=sys.stderr)
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)

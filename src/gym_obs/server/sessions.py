@@ -1,0 +1,324 @@
+"""Sessions: every caller of a gym server gets a stable, signed session id.
+
+A resources server keeps per-episode state in memory and needs to know which episode a request belongs
+to. The session middleware gives each caller a session id (``scope["session"][SESSION_ID_KEY]``, so
+``request.session["session_id"]`` works in handlers, and :func:`current_session_id`), puts it on the SERVER
+span (``gym.session.id``) and on every log line, and hands a new caller a signed token: a cookie
+(``gym_obs_session``) for clients with a cookie jar, and the ``X-NG-Session`` reply header for clients
+without one (gym's own pools share connections across rollouts and keep no cookies: send the token back
+as the ``X-NG-Session`` header). Tokens are HMAC-SHA256 signed with a per-server key, so a caller cannot
+forge or pick another caller's session; only the id travels, the state stays in the server.
+
+With several uvicorn workers the state of one session must live in one process: see
+``gym_obs.server._session_routing`` (``routes_sessions_to_owner``).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextvars
+import hashlib
+import hmac
+import os
+import secrets
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Final
+
+import orjson
+import structlog
+from opentelemetry import trace
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gym_obs.telemetry import names
+from gym_obs.telemetry._state import STATE
+
+__all__ = [
+    "MAX_SESSION_ID_CHARS",
+    "SESSION_ID",
+    "SESSION_ID_KEY",
+    "OwnedSessionRouting",
+    "SessionMiddleware",
+    "SessionSigner",
+    "current_session_id",
+    "derive_session_key",
+    "ensure_session_secret",
+    "session_from_request",
+]
+
+SESSION_ID_KEY: Final = "session_id"
+MAX_SESSION_ID_CHARS: Final = 256
+SESSION_ID: Final[contextvars.ContextVar[str | None]] = contextvars.ContextVar(
+    "gym_obs_session_id", default=None
+)
+
+RESOLVED_SCOPE_KEY: Final = "gym_obs.session"  # (session id, issued now) decided by an outer middleware
+_MAX_TOKEN_CHARS: Final = 512
+_SIG_BYTES: Final = 16
+_MAX_JSON_BODY: Final = 1 << 20
+_COOKIE: Final = names.SESSION_COOKIE
+_HEADER: Final = names.SESSION_HEADER.lower().encode("latin-1")
+_SET_COOKIE: Final = b"set-cookie"
+
+
+def current_session_id() -> str | None:
+    """The session of the request being handled, if any."""
+    return SESSION_ID.get()
+
+
+@dataclass(frozen=True)
+class OwnedSessionRouting:
+    """Where requests name their session, and how long a session (and its owning worker) lasts.
+
+    ``cookie``/``header``: the signed token in the ``gym_obs_session`` cookie / ``X-NG-Session`` header
+    (the header wins). ``json_field``: a top-level field of a JSON request body naming a caller-chosen
+    session id (an episode id); it is not signed, so use it only for ids that are not secrets.
+    ``ownership_ttl_s``: a token older than this is refused and the caller gets a new session (which may
+    be owned by another worker); ``None`` keeps sessions for the server's lifetime. Caller-chosen ids
+    do not expire.
+    """
+
+    cookie: bool = True
+    header: bool = True
+    json_field: str | None = None
+    ownership_ttl_s: float | None = None
+
+
+# --- keys and tokens --------------------------------------------------------------------------------------
+
+
+def ensure_session_secret() -> str:
+    """This deployment's session secret (``GYM_OBS_SESSION_SECRET``), generated and exported if unset.
+
+    Exported so that processes started after this call (uvicorn workers, relaunched children) derive the
+    same keys: every worker of a server must accept the tokens the others issued.
+    """
+    secret = os.environ.get(names.ENV_SESSION_SECRET)
+    if not secret:
+        secret = os.environ[names.ENV_SESSION_SECRET] = secrets.token_hex(32)
+    return secret
+
+
+def derive_session_key(server_name: str, secret: str | None = None) -> bytes:
+    """The HMAC key of ``server_name``'s sessions: derived from ``secret`` (a config secret), else from the
+    deployment secret; per server, so a token of one server is worthless at another."""
+    master = secret or ensure_session_secret()
+    return hmac.new(master.encode(), b"gym_obs.session:" + server_name.encode(), hashlib.sha256).digest()
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def _valid_id(value: object) -> str | None:
+    if not isinstance(value, str) or not value or len(value) > MAX_SESSION_ID_CHARS:
+        return None
+    return value if value.isprintable() else None
+
+
+class SessionSigner:
+    """Issues and checks ``<id>.<issued, hex seconds>.<HMAC-SHA256, 128 bits>`` tokens."""
+
+    __slots__ = ("_key",)
+
+    def __init__(self, key: bytes) -> None:
+        if len(key) < 16:
+            raise ValueError("a session key needs at least 16 bytes")
+        self._key = key
+
+    def _mac(self, payload: str) -> str:
+        return _b64(hmac.new(self._key, payload.encode(), hashlib.sha256).digest()[:_SIG_BYTES])
+
+    @staticmethod
+    def new_session_id() -> str:
+        return secrets.token_urlsafe(18)
+
+    def issue(self, session_id: str, issued: int | None = None) -> str:
+        payload = f"{session_id}.{int(time.time()) if issued is None else issued:x}"
+        return f"{payload}.{self._mac(payload)}"
+
+    def verify(self, token: str, max_age_s: float | None = None) -> str | None:
+        """The session id of a valid, unexpired token, else ``None`` (never raises)."""
+        if not token or len(token) > _MAX_TOKEN_CHARS:
+            return None
+        payload, _, mac = token.rpartition(".")
+        session_id, _, issued_hex = payload.rpartition(".")
+        if not session_id or not hmac.compare_digest(mac, self._mac(payload)):
+            return None
+        if max_age_s is not None:
+            try:
+                issued = int(issued_hex, 16)
+            except ValueError:
+                return None
+            if time.time() - issued > max_age_s:
+                return None
+        return _valid_id(session_id)
+
+
+# --- finding a request's session --------------------------------------------------------------------------
+
+
+def _cookie_value(headers: Iterable[tuple[bytes, bytes]], name: str) -> str | None:
+    for key, value in headers:
+        if key != b"cookie":
+            continue
+        for part in value.decode("latin-1").split(";"):
+            cookie_name, sep, cookie_value = part.strip().partition("=")
+            if sep and cookie_name == name:
+                return cookie_value.strip().strip('"')
+    return None
+
+
+def _header_value(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
+    for key, value in headers:
+        if key == _HEADER:
+            return value.decode("latin-1").strip()
+    return None
+
+
+def _is_json(headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    return any(key == b"content-type" and b"json" in value.lower() for key, value in headers)
+
+
+async def read_body(receive: Receive) -> tuple[list[Message], bytes]:
+    """Every message of the request body (to replay) and the body itself."""
+    messages: list[Message] = []
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        messages.append(message)
+        if message["type"] != "http.request":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    return messages, b"".join(chunks)
+
+
+def replaying(messages: list[Message], receive: Receive) -> Receive:
+    """A ``receive`` that hands out ``messages`` first, then defers to the real one."""
+    pending = list(messages)
+
+    async def replay() -> Message:
+        if pending:
+            return pending.pop(0)
+        return await receive()
+
+    return replay
+
+
+def json_field_value(body: bytes, field: str) -> str | None:
+    if not body or len(body) > _MAX_JSON_BODY:
+        return None
+    try:
+        data: Any = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return _valid_id(data.get(field)) if isinstance(data, dict) else None
+
+
+async def session_from_request(
+    scope: Scope, receive: Receive, signer: SessionSigner, routing: OwnedSessionRouting
+) -> tuple[str | None, Receive]:
+    """The session a request names (header token, cookie token, then JSON field), and the ``receive`` to
+    use from now on (the body is replayed when it had to be read for the JSON field)."""
+    headers = scope["headers"]
+    if routing.header:
+        token = _header_value(headers)
+        if token:
+            found = signer.verify(token, routing.ownership_ttl_s)
+            if found is not None:
+                return found, receive
+    if routing.cookie:
+        token = _cookie_value(headers, _COOKIE)
+        if token:
+            found = signer.verify(token, routing.ownership_ttl_s)
+            if found is not None:
+                return found, receive
+    if routing.json_field and scope["type"] == "http" and _is_json(headers):
+        messages, body = await read_body(receive)
+        return json_field_value(body, routing.json_field), replaying(messages, receive)
+    return None, receive
+
+
+# --- the middleware ---------------------------------------------------------------------------------------
+
+
+class SessionMiddleware:
+    """Pure ASGI: resolve or issue the caller's session; expose it to handlers, the span and log lines.
+
+    Install it inside the SERVER span (``SimpleServer.build_app`` does). ``owns`` (set under owner routing)
+    says whether this worker owns a session id; new ids are drawn until this worker owns them, so a new
+    session is always served where it was created.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        signer: SessionSigner,
+        routing: OwnedSessionRouting | None = None,
+        owns: Callable[[str], bool] | None = None,
+        excluded_paths: Iterable[str] = (),
+    ) -> None:
+        self.app = app
+        self.signer = signer
+        self.routing = routing or OwnedSessionRouting()
+        self.owns = owns
+        self.excluded_paths = frozenset(excluded_paths)
+
+    def _new_session_id(self) -> str:
+        session_id = self.signer.new_session_id()
+        if self.owns is not None:
+            for _ in range(10_000):
+                if self.owns(session_id):
+                    break
+                session_id = self.signer.new_session_id()
+        return session_id
+
+    def _cookie_header(self, token: str) -> bytes:
+        cookie = f"{_COOKIE}={token}; Path=/; HttpOnly; SameSite=Lax"
+        ttl = self.routing.ownership_ttl_s
+        if ttl is not None:
+            cookie += f"; Max-Age={int(ttl)}"
+        return cookie.encode("latin-1")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket") or scope["path"] in self.excluded_paths:
+            await self.app(scope, receive, send)
+            return
+        resolved = scope.pop(RESOLVED_SCOPE_KEY, None)
+        if resolved is not None:
+            session_id: str | None = resolved
+        else:
+            session_id, receive = await session_from_request(scope, receive, self.signer, self.routing)
+        token: str | None = None
+        if session_id is None:
+            session_id = self._new_session_id()
+            token = self.signer.issue(session_id)
+        scope["session"] = {SESSION_ID_KEY: session_id}
+        if STATE.enabled:
+            span = trace.get_current_span()
+            if span.is_recording():
+                span.set_attribute(names.ATTR_SESSION_ID, session_id)
+        if token is not None and scope["type"] == "http":
+            send = self._issuing(send, token)
+        context_token = SESSION_ID.set(session_id)
+        log_tokens = structlog.contextvars.bind_contextvars(session_id=session_id)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            structlog.contextvars.reset_contextvars(**log_tokens)
+            SESSION_ID.reset(context_token)
+
+    def _issuing(self, send: Send, token: str) -> Send:
+        extra = [(_SET_COOKIE, self._cookie_header(token))] if self.routing.cookie else []
+        extra.append((_HEADER, token.encode("latin-1")))
+
+        async def issuing_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), *extra]}
+            await send(message)
+
+        return issuing_send

@@ -1,0 +1,176 @@
+"""DisconnectCancelMiddleware driven directly through ASGI: cancel on an early disconnect, and only then."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import pytest
+
+from gym_obs.server.middleware import DisconnectCancelMiddleware, FailureReplyMiddleware
+
+Message = dict[str, Any]
+SCOPE: dict[str, Any] = {"type": "http", "path": "/slow", "method": "POST", "headers": []}
+START: Message = {"type": "http.response.start", "status": 200, "headers": []}
+BODY: Message = {"type": "http.response.body", "body": b"done"}
+
+
+class _Peer:
+    """The server side of one connection: body parts, then a disconnect when ``hang_up()`` is called."""
+
+    def __init__(self, *parts: bytes) -> None:
+        self.messages = [
+            {"type": "http.request", "body": part, "more_body": i < len(parts) - 1}
+            for i, part in enumerate(parts)
+        ] or [{"type": "http.request", "body": b"", "more_body": False}]
+        self.gone = asyncio.Event()
+        self.sent: list[Message] = []
+
+    async def receive(self) -> Message:
+        if self.messages:
+            return self.messages.pop(0)
+        await self.gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: Message) -> None:
+        self.sent.append(message)
+
+    def hang_up(self) -> None:
+        self.gone.set()
+
+
+async def _run(app: Any, peer: _Peer, hang_up_after: float | None) -> asyncio.Task[None]:
+    middleware = DisconnectCancelMiddleware(app, watch_delay_s=0.01)
+    task = asyncio.create_task(middleware(SCOPE, peer.receive, peer.send))
+    if hang_up_after is not None:
+        await asyncio.sleep(hang_up_after)
+        peer.hang_up()
+    await asyncio.wait_for(asyncio.shield(task), 2)
+    return task
+
+
+async def test_disconnect_before_the_reply_cancels_the_handler_and_nothing_is_sent() -> None:
+    events: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        assert (await receive())["body"] == b'{"a": 1}'
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            events.append("cancelled")
+            await send(START)  # a handler that still tries to answer: dropped
+            raise
+
+    peer = _Peer(b'{"a": 1}')
+    task = await _run(app, peer, hang_up_after=0.05)
+    assert events == ["cancelled"]
+    assert peer.sent == []
+    assert not task.cancelled()  # the request task itself ends normally
+
+
+async def test_a_handler_that_never_reads_the_body_is_cancelled_too_and_can_still_read_it() -> None:
+    events: list[Any] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await asyncio.sleep(0.03)  # the watcher has taken over receive by now
+        events.append(await receive())
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            events.append("cancelled")
+            raise
+
+    peer = _Peer(b"part1", b"part2")
+    await _run(app, peer, hang_up_after=0.1)
+    assert events[0] == {"type": "http.request", "body": b"part1", "more_body": True}
+    assert events[-1] == "cancelled"
+
+
+async def test_disconnect_after_the_reply_started_does_not_cancel() -> None:
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await send(START)
+        await asyncio.sleep(0.1)
+        await send(BODY)
+
+    peer = _Peer(b"")
+    await _run(app, peer, hang_up_after=0.03)
+    assert peer.sent == [START, BODY]
+
+
+async def test_fast_handlers_pass_through_untouched() -> None:
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await send(START)
+        await send(BODY)
+
+    peer = _Peer(b"x")
+    await _run(app, peer, hang_up_after=None)
+    assert peer.sent == [START, BODY]
+
+
+async def test_the_app_that_waits_for_the_disconnect_itself_sees_it() -> None:
+    seen: list[Message] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(await receive())
+        seen.append(await receive())  # blocks until the peer hangs up, like StreamingResponse does
+
+    peer = _Peer(b"x")
+    await _run(app, peer, hang_up_after=0.05)
+    assert seen[-1] == {"type": "http.disconnect"}
+
+
+async def test_a_handler_that_swallows_the_cancellation_leaves_no_pending_cancel() -> None:
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(10)
+        await send(START)  # dropped: the caller is gone
+
+    peer = _Peer(b"")
+    task = await _run(app, peer, hang_up_after=0.05)
+    assert peer.sent == []
+    assert task.done() and not task.cancelled()
+
+
+async def test_server_shutdown_cancellation_still_propagates() -> None:
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await asyncio.sleep(10)
+
+    peer = _Peer(b"")
+    middleware = DisconnectCancelMiddleware(app, watch_delay_s=0.01)
+    task = asyncio.create_task(middleware(SCOPE, peer.receive, peer.send))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_non_http_scopes_pass_through() -> None:
+    seen: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(scope["type"])
+
+    await DisconnectCancelMiddleware(app)({"type": "lifespan"}, _Peer().receive, _Peer().send)
+    assert seen == ["lifespan"]
+
+
+async def test_an_error_raised_after_the_disconnect_is_not_answered() -> None:
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            raise RuntimeError("cleanup failed") from None
+
+    peer = _Peer(b"")
+    middleware = FailureReplyMiddleware(app, boundary="agent", disconnect_watch_delay_s=0.01)
+    task = asyncio.create_task(middleware(SCOPE, peer.receive, peer.send))
+    await asyncio.sleep(0.05)
+    peer.hang_up()
+    await asyncio.wait_for(task, 2)
+    assert peer.sent == []

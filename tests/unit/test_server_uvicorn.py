@@ -1,0 +1,168 @@
+"""uvicorn glue: proxy allow-list rules, worker refusal, listen sockets, TCP keepalive on accepted sockets."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import pytest
+
+from gym_obs.config import GlobalAIOHTTPAsyncClientConfig, ServerInstanceConfig
+from gym_obs.server.uvicorn import (
+    KeepaliveHttpToolsProtocol,
+    ServerStartupError,
+    bind_listen_socket,
+    build_uvicorn_config,
+    check_worker_count,
+    validate_forwarded_allow_ips,
+)
+
+
+def _instance(**overrides: Any) -> ServerInstanceConfig:
+    return ServerInstanceConfig(entrypoint="a.b:C", server_type="x", port=24500, **overrides)
+
+
+@pytest.mark.parametrize(
+    "entries", [["10.0.0.5"], ["10.0.0.0/8", "192.168.1.1"], ["::1"], ["fd00::/8"], ["::ffff:10.0.0.1/128"]]
+)
+def test_explicit_proxy_lists_are_accepted(entries: list[str]) -> None:
+    assert validate_forwarded_allow_ips(entries, proxy_headers=True) == entries
+
+
+@pytest.mark.parametrize(
+    ("entry", "reason"),
+    [
+        ("*", "would trust every client"),
+        ("0.0.0.0/0", "is a /0 network"),
+        ("::/0", "is a /0 network"),
+        ("::ffff:0:0/96", "covers every IPv4-mapped IPv6 address"),
+        ("::/64", "covers every IPv4-mapped IPv6 address"),
+        ("::ffff:0:0/95", "covers every IPv4-mapped IPv6 address"),
+        ("proxy.internal", "is not an IP address or network"),
+        ("10.0.0.300", "is not an IP address or network"),
+    ],
+)
+def test_wildcards_and_garbage_are_refused_with_the_entry_named(entry: str, reason: str) -> None:
+    with pytest.raises(ServerStartupError) as caught:
+        validate_forwarded_allow_ips(
+            ["10.0.0.1", entry], proxy_headers=True, where="servers.m.forwarded_allow_ips"
+        )
+    assert str(caught.value).startswith("servers.m.forwarded_allow_ips: entry ")
+    assert repr(entry) in str(caught.value) and reason in str(caught.value)
+
+
+def test_proxy_headers_need_a_non_empty_list_and_are_off_by_default() -> None:
+    for entries in (None, []):
+        with pytest.raises(ServerStartupError, match="non-empty list of trusted proxy addresses"):
+            validate_forwarded_allow_ips(entries, proxy_headers=True)
+    assert validate_forwarded_allow_ips(["*"], proxy_headers=False) == []  # unused while headers are off
+    config = build_uvicorn_config(object(), _instance(), GlobalAIOHTTPAsyncClientConfig(), where="servers.m")
+    assert config.proxy_headers is False  # uvicorn's own default is True
+    on = build_uvicorn_config(
+        object(),
+        _instance(proxy_headers=True, forwarded_allow_ips=["10.1.2.3"]),
+        GlobalAIOHTTPAsyncClientConfig(),
+        where="servers.m",
+    )
+    assert on.proxy_headers is True and on.forwarded_allow_ips == ["10.1.2.3"]
+
+
+def test_uvicorn_config_uses_the_server_entry() -> None:
+    client = GlobalAIOHTTPAsyncClientConfig(
+        global_aiohttp_tcp_keepalive_idle_seconds=30,
+        global_aiohttp_tcp_keepalive_interval_seconds=5,
+        global_aiohttp_tcp_keepalive_probes=4,
+    )
+    config = build_uvicorn_config(
+        object(), _instance(backlog=77, timeout_keep_alive_s=90, num_workers=3), client, where="servers.m"
+    )
+    assert config.http is KeepaliveHttpToolsProtocol
+    assert (config.backlog, config.timeout_keep_alive, config.workers, config.server_header) == (
+        77,
+        90,
+        3,
+        False,
+    )
+    assert config.log_config is None
+    assert config._gym_obs_tcp_keepalive == (30, 5, 4)  # type: ignore[attr-defined]
+
+
+def test_worker_refusal_names_the_key_and_the_reason() -> None:
+    check_worker_count(1, "state in memory", where="servers.r")
+    check_worker_count(4, None, where="servers.r")
+    with pytest.raises(ServerStartupError, match=r"servers\.r\.num_workers=2: .*: state in memory"):
+        check_worker_count(2, "state in memory", where="servers.r")
+
+
+def test_bind_errors_name_the_server_and_reuse_port_shares_a_port() -> None:
+    first = bind_listen_socket("127.0.0.1", 24501, where="servers.m")
+    first.listen()
+    try:
+        with pytest.raises(
+            ServerStartupError, match=r"servers\.m: cannot listen on 127\.0\.0\.1:24501: .*in use"
+        ):
+            bind_listen_socket("127.0.0.1", 24501, where="servers.m")
+    finally:
+        first.close()
+    a = bind_listen_socket("127.0.0.1", 24502, reuse_port=True)
+    b = bind_listen_socket("127.0.0.1", 24502, reuse_port=True)
+    assert a.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT) == 1
+    a.close()
+    b.close()
+
+
+class _Transport:
+    """Just enough of an asyncio transport for the protocol's connection_made."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {
+            "socket": self.sock,
+            "sockname": self.sock.getsockname(),
+            "peername": self.sock.getpeername(),
+        }.get(name, default)
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None: ...
+
+
+def test_every_accepted_connection_gets_tcp_keepalive() -> None:
+    client_config = GlobalAIOHTTPAsyncClientConfig(
+        global_aiohttp_tcp_keepalive_idle_seconds=42,
+        global_aiohttp_tcp_keepalive_interval_seconds=7,
+        global_aiohttp_tcp_keepalive_probes=5,
+    )
+
+    async def app(scope: Any, receive: Any, send: Any) -> None: ...
+
+    config = build_uvicorn_config(app, _instance(), client_config, where="servers.m")
+    config.load()
+    listener = socket.create_server(("127.0.0.1", 24503))
+    with listener, socket.create_connection(("127.0.0.1", 24503)):
+        accepted, _ = listener.accept()
+        with accepted:
+            assert accepted.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 0
+            import asyncio
+
+            loop = asyncio.new_event_loop()
+            try:
+                from uvicorn.server import ServerState
+
+                protocol = KeepaliveHttpToolsProtocol(
+                    config=config, server_state=ServerState(), app_state={}, _loop=loop
+                )
+                protocol.connection_made(_Transport(accepted))  # type: ignore[arg-type]
+            finally:
+                loop.close()
+            assert accepted.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+            assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 42
+            assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL) == 7
+            assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == 5
