@@ -61,10 +61,17 @@ def _add_serve(subparsers: _Subparsers[argparse.ArgumentParser]) -> None:
     parser.set_defaults(handler=_serve)
 
 
+def _add_harness(subparsers: _Subparsers[argparse.ArgumentParser]) -> None:
+    from gym_obs.harness.cli import add_harness_parser  # argparse only; the run imports the rest
+
+    add_harness_parser(subparsers)
+
+
 # Each entry adds one subcommand; later subcommands (serve, harness, ...) append theirs here.
 _COMMANDS: tuple[Callable[[_Subparsers[argparse.ArgumentParser]], None], ...] = (
     _add_dashboards,
     _add_serve,
+    _add_harness,
 )
 
 

@@ -110,6 +110,12 @@ class ServerInstanceConfig(BaseModel):
     access_log: bool = False
     log_level: str = "info"
     startup_timeout_s: float = Field(default=60.0, gt=0)
+    # Sessions: the secret this server's session keys derive from. Unset: a secret generated per
+    # deployment (sessions then end with the server). Served by the head server like every key here.
+    session_secret: str | None = Field(default=None, min_length=16)
+    # CPU profiling for the server's lifetime (extra `profiling`); reports on shutdown and GET /stats.
+    profiling_enabled: bool = False
+    profiling_results_dirpath: str | None = None
 
     @field_validator("entrypoint")
     @classmethod

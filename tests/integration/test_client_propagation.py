@@ -138,3 +138,24 @@ async def test_telemetry_off_sends_nothing_and_uses_a_session_without_trace_conf
     response.release()
     assert "traceparent" not in seen.headers[0]
     assert get_global_aiohttp_client().trace_configs == []
+
+
+@pytest.mark.parametrize("traces", [True, False], ids=["traces_on", "metrics_only"])
+@pytest.mark.parametrize("internal", [True, False], ids=["internal", "external"])
+async def test_a_successful_request_reaches_the_server_exactly_once(
+    web_server: tuple[str, int, Seen], telemetry: Capture, internal: bool, traces: bool
+) -> None:
+    """Whatever path the telemetry takes (span opened first or late, or no span at all), one send."""
+    base, _, seen = web_server
+    saved = STATE.traces_enabled
+    STATE.traces_enabled = traces
+    try:
+        for method in ("GET", "POST"):
+            response = await request(method, f"{base}/once", _internal=internal, _server_name="model")
+            await response.read()
+    finally:
+        STATE.traces_enabled = saved
+    assert len(seen.headers) == 2
+    points = telemetry.metric_points(names.METRIC_HTTP_CLIENT_REQUEST_DURATION)
+    assert sum(p.count or 0 for p in points) == 2
+    assert len(telemetry.spans()) == (2 if traces else 0)

@@ -153,6 +153,12 @@ def _error_type(err: BaseException) -> str:
     return type(err).__qualname__
 
 
+def _set_status(span: Span, status: int) -> None:
+    span.set_attribute(names.ATTR_HTTP_RESPONSE_STATUS_CODE, status)
+    if status >= 400:
+        set_span_error(span, str(status))
+
+
 class Recorder:
     """Turns attempts into telemetry: a duration point each, a span event per failure, a retry count."""
 
@@ -353,10 +359,14 @@ async def traced_request(
                     instruments.client_request_duration.record(
                         _perf_counter() - t0, dest.attributes(label, server, response.status)
                     )
-                if state is not None and state.token is None:
+                if state is None:
+                    return response
+                if state.token is None:
                     state.finish_unopened(response.status)
                     state = None
                     return response
+                _set_status(state.open(), response.status)
+                return response
         span = state.open() if state is not None else INVALID_SPAN
         recorder = Recorder(span, instruments, label, dest, server)
         try:
@@ -367,10 +377,7 @@ async def traced_request(
         finally:
             attempts = recorder.attempts
         if state is not None:
-            status = response.status
-            span.set_attribute(names.ATTR_HTTP_RESPONSE_STATUS_CODE, status)
-            if status >= 400:
-                set_span_error(span, str(status))
+            _set_status(span, response.status)
         return response
     except asyncio.CancelledError:
         raise  # the caller gave up: not an error of this request

@@ -1,0 +1,119 @@
+"""``gym-obs harness run``: arguments and exit status. Heavy imports happen only when the command runs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_harness_parser", "harness_run"]
+
+EXIT_HARNESS_ERROR = 2
+EXIT_INTERRUPTED = 130
+
+
+def _positive(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
+    return number
+
+
+def _port(value: str) -> int:
+    number = int(value)
+    if not 1 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"not a TCP port: {number}")
+    return number
+
+
+def add_harness_parser(subparsers: Any) -> None:
+    """Register ``harness run`` on the ``gym-obs`` dispatcher."""
+    parser = subparsers.add_parser("harness", help="drive a demo rollout system with load and faults")
+    actions = parser.add_subparsers(dest="harness_command", metavar="ACTION", required=True)
+    run = actions.add_parser(
+        "run",
+        help="start agent/model/resources servers, run rollouts, summarise the telemetry",
+        description="Start a demo rollout system on the gym_obs runtime, drive concurrent rollouts through "
+        "it (optionally with injected faults) and summarise what the telemetry saw. Without "
+        "--otlp-endpoint every process writes OTLP JSON lines under OUT/telemetry/.",
+    )
+    run.add_argument("--rollouts", type=_positive, default=200, help="rollouts to run (default 200)")
+    run.add_argument("--concurrency", type=_positive, default=32, help="rollouts in flight (default 32)")
+    run.add_argument("--agents", type=_positive, default=1, help="agent servers (default 1)")
+    run.add_argument("--models", type=_positive, default=1, help="model servers (default 1)")
+    run.add_argument("--resources", type=_positive, default=1, help="resources servers (default 1)")
+    run.add_argument("--faults", type=Path, metavar="PLAN.yaml", help="fault plan to inject")
+    run.add_argument("--otlp-endpoint", metavar="URL", help="send spans and metrics to this OTLP collector")
+    run.add_argument(
+        "--prometheus-port-base",
+        type=_port,
+        metavar="P",
+        help="every process also serves /metrics on P + index (driver P, then each server)",
+    )
+    run.add_argument("--out", type=Path, default=Path("harness-out"), help="output directory")
+    run.add_argument(
+        "--port-base",
+        type=_port,
+        default=11000,
+        help="head server port; servers listen on the following ports (default 11000)",
+    )
+    run.add_argument("--host", default="127.0.0.1", help="address every process binds (default 127.0.0.1)")
+    run.add_argument("--no-telemetry", action="store_true", help="run with telemetry off (a baseline)")
+    run.add_argument("--model-latency-ms", type=float, default=10.0, help="median model latency (default 10)")
+    run.add_argument(
+        "--latency-distribution",
+        choices=["constant", "uniform", "exponential", "lognormal"],
+        default="lognormal",
+    )
+    run.add_argument("--turns", type=_positive, default=3, help="model turns per rollout (default 3)")
+    run.add_argument(
+        "--fanout", type=_positive, default=3, help="parallel calls on fan-out turns (default 3)"
+    )
+    run.add_argument(
+        "--request-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="timeout of each agent -> model/resources call (default 10)",
+    )
+    run.add_argument("--seed", type=int, help="seed for latencies and fault coin flips")
+    run.set_defaults(handler=harness_run)
+
+
+def harness_run(args: argparse.Namespace) -> int:
+    """Run the harness; 0 when the run completed, 2 with a message when the harness could not run."""
+    from gym_obs.harness.faults import FaultPlanError, load_fault_plan
+    from gym_obs.harness.run import run_harness
+    from gym_obs.harness.stack import HarnessError, HarnessOptions
+
+    try:
+        plan = load_fault_plan(args.faults) if args.faults is not None else None
+        options = HarnessOptions(
+            rollouts=args.rollouts,
+            concurrency=args.concurrency,
+            agents=args.agents,
+            models=args.models,
+            resources=args.resources,
+            fault_plan=plan,
+            otlp_endpoint=args.otlp_endpoint,
+            prometheus_port_base=args.prometheus_port_base,
+            out=args.out,
+            host=args.host,
+            port_base=args.port_base,
+            telemetry=not args.no_telemetry,
+            model_latency_s=args.model_latency_ms / 1000.0,
+            latency_distribution=args.latency_distribution,
+            turns=args.turns,
+            fanout=args.fanout,
+            request_timeout_s=args.request_timeout,
+            seed=args.seed,
+        )
+        run_harness(options)
+    except (HarnessError, FaultPlanError) as exc:
+        print(f"gym-obs harness: error: {exc}", file=sys.stderr)
+        return EXIT_HARNESS_ERROR
+    except KeyboardInterrupt:
+        print("gym-obs harness: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return 0

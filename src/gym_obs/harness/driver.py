@@ -1,0 +1,147 @@
+"""The driver: many concurrent rollouts through the agents, one traced span and one row per rollout.
+
+The driver is a gym process like the servers (service ``gym/harness``): each rollout is an INTERNAL span
+``gym.rollout`` whose trace continues through the agent into the model and resources servers, the rollout
+id travels with every hop, and a failure comes back as the remote root cause (``raise_boundary_failure``),
+never as a bare HTTP 500. Failures the driver observes itself (the agent unreachable, a timeout) are
+``NgFailureEvent``s at boundary ``harness`` raised from the error they saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from opentelemetry.trace import Span, SpanKind, Tracer
+
+from gym_obs.client.http_client import raise_boundary_failure
+from gym_obs.client.server_client import ServerClient
+from gym_obs.failures import NgFailureEvent, observe_failure
+from gym_obs.harness.rows import RolloutResult
+from gym_obs.harness.servers._common import failure_for_call
+from gym_obs.telemetry import names
+from gym_obs.telemetry.metrics import Instruments
+from gym_obs.telemetry.propagation import rollout_context
+from gym_obs.telemetry.spans import current_ids, record_exception, set_span_error
+
+__all__ = ["Driver"]
+
+_RUN_ROUTE = "/run"
+_DRIVER_MAX_TRIES = 3
+
+
+@dataclass
+class Driver:
+    """Runs ``rollouts`` rollouts with at most ``concurrency`` in flight, round-robin over ``agents``."""
+
+    client: ServerClient
+    agents: list[str]
+    run_id: str
+    rollout_timeout_s: float
+    tracer: Tracer | None = None
+    instruments: Instruments | None = None
+
+    @contextlib.contextmanager
+    def _span(self, rollout_id: str) -> Iterator[Span | None]:
+        if self.tracer is None:
+            yield None
+            return
+        with self.tracer.start_as_current_span(
+            names.SPAN_ROLLOUT,
+            kind=SpanKind.INTERNAL,
+            attributes={names.ATTR_ROLLOUT_ID: rollout_id},
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            yield span
+
+    async def rollout(self, index: int) -> RolloutResult:
+        """One rollout: ``POST /run`` on an agent inside the rollout's context and span."""
+        rollout_id = f"{self.run_id}-{index:06d}"
+        agent = self.agents[index % len(self.agents)]
+        started_at = time.time()
+        started = time.perf_counter()
+        with rollout_context(rollout_id), self._span(rollout_id) as span:
+            trace_id = current_ids()[0]
+            common: dict[str, Any] = {
+                "index": index,
+                "rollout_id": rollout_id,
+                "agent": agent,
+                "started_at": started_at,
+                "trace_id": trace_id,
+            }
+            try:
+                body = await self._run(agent, index)
+            except Exception as err:
+                failure = err if isinstance(err, NgFailureEvent) else self._own_failure(err, agent)
+                observe_failure(failure)  # counts failures first seen here; forwarded ones were counted
+                if span is not None:
+                    record_exception(span, failure)
+                    set_span_error(span, failure.failure_kind)
+                result = RolloutResult.failed(failure, duration_s=time.perf_counter() - started, **common)
+            else:
+                hops = [(str(role), float(seconds)) for role, seconds in body.get("hops", ())]
+                reward = body.get("reward")
+                result = RolloutResult(
+                    outcome=names.ROLLOUT_OUTCOME_SUCCESS,
+                    duration_s=time.perf_counter() - started,
+                    reward=float(reward) if isinstance(reward, int | float) else None,
+                    hops=hops,
+                    **common,
+                )
+            if span is not None:
+                span.set_attribute(names.ATTR_ROLLOUT_OUTCOME, result.outcome)
+        if self.instruments is not None:
+            attributes = {names.ATTR_ROLLOUT_OUTCOME: result.outcome}
+            self.instruments.rollout_duration.record(result.duration_s, attributes)
+            self.instruments.rollouts.add(1, attributes)
+        return result
+
+    async def _run(self, agent: str, index: int) -> dict[str, Any]:
+        response = await self.client.post(
+            agent,
+            _RUN_ROUTE,
+            json={"prompt": f"task {index}", "task_index": index},
+            timeout=aiohttp.ClientTimeout(total=self.rollout_timeout_s),
+            _route=_RUN_ROUTE,
+            _max_num_tries=_DRIVER_MAX_TRIES,
+            _retry_other_errors=False,  # a timed-out rollout is a result, not something to run again
+            _read_body=True,
+        )
+        try:
+            await raise_boundary_failure(response)
+            body = await response.json()
+        finally:
+            response.release()
+        return body if isinstance(body, dict) else {}
+
+    @staticmethod
+    def _own_failure(err: Exception, agent: str) -> NgFailureEvent:
+        failure = failure_for_call(
+            err, role="agent", stage="agent", what=f"rollout on {agent}", boundary="harness"
+        )
+        failure.__cause__ = err
+        return failure
+
+    async def run(
+        self, rollouts: int, concurrency: int, on_result: Callable[[RolloutResult], None]
+    ) -> list[RolloutResult]:
+        """Run every rollout; ``on_result`` sees each result as it finishes (progress bar, rows)."""
+        results: list[RolloutResult] = []
+        counter = itertools.count()
+
+        async def worker() -> None:
+            while (index := next(counter)) < rollouts:
+                result = await self.rollout(index)
+                results.append(result)
+                on_result(result)
+
+        await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, rollouts)))))
+        results.sort(key=lambda r: r.index)
+        return results

@@ -1,0 +1,269 @@
+"""One harness run: start the rollout system, drive it, stop it, summarise what happened.
+
+Exit status 0 means the run completed (injected failures are results, not errors); a ``HarnessError``
+means the harness itself could not run (bad plan, busy port, a server that did not start) and says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import resource
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+
+from gym_obs.client.http_client import (
+    close_global_aiohttp_client,
+    configure_global_aiohttp_client,
+    get_global_aiohttp_control_client,
+)
+from gym_obs.client.server_client import HeadServerUnavailableError, ServerClient
+from gym_obs.config import ConfigError
+from gym_obs.harness.driver import Driver
+from gym_obs.harness.fault_middleware import CONTROL_PATH
+from gym_obs.harness.faults import FaultPlanError
+from gym_obs.harness.progress import RunProgress
+from gym_obs.harness.rows import RolloutResult, RowWriter
+from gym_obs.harness.stack import (
+    DRIVER_NAME,
+    HarnessError,
+    HarnessOptions,
+    StackLayout,
+    build_layout,
+    check_ports_free,
+    write_prometheus_targets,
+)
+from gym_obs.harness.summary import build_summary, render_summary, write_summary
+from gym_obs.harness.telemetry_files import read_metric_totals
+from gym_obs.server.launcher import Launch, LaunchError, ServerStartupError, launch
+from gym_obs.telemetry import names
+from gym_obs.telemetry.logging import configure_logging
+from gym_obs.telemetry.metrics import instruments_for
+from gym_obs.telemetry.redaction import scrub_text
+from gym_obs.telemetry.setup import TelemetryHandle, setup_telemetry
+
+__all__ = ["run_harness"]
+
+_FLUSH_TIMEOUT_S = 10.0
+_log = logging.getLogger("gym_obs.harness")
+
+
+class _ConsoleWarnings(logging.Handler):
+    """Warnings reach the terminal once per message template (the full log is in the run's log file)."""
+
+    def __init__(self, console: Console) -> None:
+        super().__init__(logging.WARNING)
+        self._console = console
+        self._seen: set[tuple[str, str]] = set()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        key = (record.name, str(record.msg))
+        if key in self._seen or len(self._seen) > 1000:
+            return
+        self._seen.add(key)
+        with contextlib.suppress(Exception):
+            self._console.print(
+                f"[yellow]warning[/] {scrub_text(record.getMessage())}", markup=True, highlight=False
+            )
+
+
+def _configure_driver_logging(log_dir: Path, console: Console) -> None:
+    """The driver logs like a server (scrubbed JSON lines with trace ids) into ``logs/harness.log``."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    root = logging.getLogger()
+    before = set(root.handlers)
+    configure_logging(json=True)
+    stream = (log_dir / f"{DRIVER_NAME}.log").open("a", encoding="utf-8")  # open for the process lifetime
+    for handler in root.handlers:
+        if handler not in before and isinstance(handler, logging.StreamHandler):
+            handler.setStream(stream)
+    if not any(isinstance(h, _ConsoleWarnings) for h in root.handlers):
+        root.addHandler(_ConsoleWarnings(console))
+
+
+def _peak_rss_mb(pid: int) -> float | None:
+    """Peak resident set size of a live process (Linux ``VmHWM``)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a live process (``/proc/<pid>/stat`` fields 14 and 15)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 2)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _cpu_snapshot(running: Launch) -> dict[str, float | None]:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    snapshot: dict[str, float | None] = {DRIVER_NAME: usage.ru_utime + usage.ru_stime}
+    for proc in running.processes():
+        snapshot[proc.name] = _cpu_seconds(proc.pid)
+    return snapshot
+
+
+def _processes(running: Launch, cpu_before: dict[str, float | None]) -> dict[str, dict[str, Any]]:
+    """Peak memory, and CPU time spent while rollouts ran, per process: what the run cost, and proof that
+    nothing grew unbounded."""
+    cpu_after = _cpu_snapshot(running)
+
+    def cpu(name: str) -> float | None:
+        before, after = cpu_before.get(name), cpu_after.get(name)
+        return None if before is None or after is None else round(after - before, 3)
+
+    info: dict[str, dict[str, Any]] = {
+        DRIVER_NAME: {
+            "pid": os.getpid(),
+            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "cpu_seconds": cpu(DRIVER_NAME),
+        }
+    }
+    for proc in running.processes():
+        info[proc.name] = {
+            "pid": proc.pid,
+            "peak_rss_mb": _peak_rss_mb(proc.pid),
+            "cpu_seconds": cpu(proc.name),
+            "log": str(proc.log_path),
+        }
+    return info
+
+
+async def _injected(client: ServerClient, servers: list[str]) -> dict[str, dict[str, int]]:
+    """Faults each server injected, read from its control route (control pool: not part of the workload)."""
+    session = get_global_aiohttp_control_client()
+    counts: dict[str, dict[str, int]] = {}
+    for name in servers:
+        with contextlib.suppress(Exception):
+            async with session.get(client.url(name, CONTROL_PATH)) as response:
+                body = await response.json()
+            if body.get("injected"):
+                counts[name] = {str(k): int(v) for k, v in body["injected"].items()}
+    return counts
+
+
+async def _drive(
+    options: HarnessOptions,
+    layout: StackLayout,
+    handle: TelemetryHandle,
+    progress: RunProgress,
+    writer: RowWriter,
+) -> tuple[list[RolloutResult], dict[str, dict[str, int]], float]:
+    configure_global_aiohttp_client(layout.config.client)
+    try:
+        client = ServerClient.load_from_global_config(layout.config.head_server)
+    except HeadServerUnavailableError as exc:
+        raise HarnessError(str(exc)) from None
+    tracer = (
+        handle.tracer_provider.get_tracer(names.INSTRUMENTATION_SCOPE) if handle.tracer_provider else None
+    )
+    meter = handle.meter_provider.get_meter(names.INSTRUMENTATION_SCOPE) if handle.meter_provider else None
+    turns_budget = (options.turns + 2) * 4
+    driver = Driver(
+        client=client,
+        agents=layout.agents,
+        run_id=options.run_id,
+        rollout_timeout_s=options.request_timeout_s * turns_budget + 5.0,
+        tracer=tracer if handle.enabled else None,
+        instruments=instruments_for(meter) if (meter is not None and handle.enabled) else None,
+    )
+
+    def on_result(result: RolloutResult) -> None:
+        writer.write(result)
+        progress.record(result.duration_s, failed=result.outcome != names.ROLLOUT_OUTCOME_SUCCESS)
+
+    started = time.perf_counter()
+    try:
+        results = await driver.run(options.rollouts, options.concurrency, on_result)
+        wall = time.perf_counter() - started
+        injected = await _injected(client, list(layout.config.servers))
+    finally:
+        await close_global_aiohttp_client()
+    return results, injected, wall
+
+
+def _write_config(layout: StackLayout, out: Path) -> None:
+    data = layout.config.model_dump(mode="json", exclude_none=True)
+    (out / "global_config.yaml").write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+
+
+def run_harness(options: HarnessOptions, console: Console | None = None) -> dict[str, Any]:
+    """Run the harness and return the summary; raises ``HarnessError`` when it could not run."""
+    console = console or Console()
+    err_console = Console(stderr=True)
+    try:
+        layout = build_layout(options)
+    except (FaultPlanError, ConfigError) as exc:
+        raise HarnessError(str(exc)) from None
+    check_ports_free(layout)
+    out = options.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    log_dir = out / "logs"
+    if options.telemetry:
+        options.telemetry_dir.mkdir(parents=True, exist_ok=True)
+    _configure_driver_logging(log_dir, err_console)
+    _write_config(layout, out)
+    targets = write_prometheus_targets(layout, out)
+    handle = setup_telemetry(DRIVER_NAME, DRIVER_NAME, config=layout.driver_telemetry)
+    err_console.print(
+        f"gym-obs harness: {options.rollouts} rollouts, concurrency {options.concurrency}, "
+        f"{options.agents} agent(s), {options.models} model(s), {options.resources} resources server(s); "
+        f"output in {out}"
+    )
+    try:
+        with launch(layout.config, log_dir=log_dir) as running:
+            cpu_before = _cpu_snapshot(running)
+            with (
+                RowWriter(out / "rollouts.jsonl") as writer,
+                RunProgress(options.rollouts, err_console) as bar,
+            ):
+                results, injected, wall = asyncio.run(_drive(options, layout, handle, bar, writer))
+            processes = _processes(running, cpu_before)
+            # Flush the driver's telemetry while the servers flush theirs: a dead collector costs one
+            # export timeout, not two in a row.
+            flusher = threading.Thread(target=handle.shutdown, args=(_FLUSH_TIMEOUT_S,), daemon=True)
+            flusher.start()
+    except (LaunchError, ServerStartupError, ConfigError) as exc:
+        raise HarnessError(f"the rollout system did not start: {exc}") from None
+    flusher.join(_FLUSH_TIMEOUT_S + 1.0)
+    mode = "off" if not options.telemetry else ("otlp" if options.otlp_endpoint else "file")
+    run_info: dict[str, Any] = {
+        "run_id": options.run_id,
+        "out_dir": str(out),
+        "concurrency": options.concurrency,
+        "servers": {"agents": options.agents, "models": options.models, "resources": options.resources},
+        "telemetry": {
+            "mode": mode,
+            "dir": str(options.telemetry_dir.resolve()) if options.telemetry else None,
+            "otlp_endpoint": options.otlp_endpoint,
+            "prometheus_targets": str(targets) if targets else None,
+        },
+        "processes": processes,
+    }
+    metrics = read_metric_totals(options.telemetry_dir, run_id=options.run_id) if options.telemetry else None
+    summary = build_summary(
+        results,
+        wall_seconds=wall,
+        run=run_info,
+        metrics=metrics,
+        role_of=layout.roles,
+        injected=injected,
+    )
+    write_summary(summary, out)
+    render_summary(summary, console)
+    sys.stdout.flush()
+    return summary
