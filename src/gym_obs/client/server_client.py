@@ -20,6 +20,7 @@ import aiohttp
 
 from gym_obs.client._addresses import connectable_host, server_base_url
 from gym_obs.client.http_client import get_global_aiohttp_control_client, request
+from gym_obs.client.server_urls import get_server_url, subprocess_agent_env
 from gym_obs.config import (
     ConfigError,
     GlobalConfig,
@@ -36,8 +37,10 @@ __all__ = [
     "ServerClient",
     "connectable_host",
     "fetch_global_config",
+    "get_server_url",
     "global_config_from_environment",
     "server_base_url",
+    "subprocess_agent_env",
 ]
 
 PollStatus = Literal["success", "connection_error", "timeout", "unknown_error"]

@@ -12,6 +12,13 @@ from gym_obs.server.middleware import (
     PathContextMiddleware,
     boundary_for_server_type,
 )
+from gym_obs.server.ops import ServerProfiler, UlimitResult, set_ulimit
+from gym_obs.server.sessions import (
+    SESSION_ID_KEY,
+    OwnedSessionRouting,
+    SessionMiddleware,
+    current_session_id,
+)
 from gym_obs.server.uvicorn import (
     KeepaliveHttpToolsProtocol,
     ServerStartupError,
@@ -19,6 +26,7 @@ from gym_obs.server.uvicorn import (
 )
 
 __all__ = [
+    "SESSION_ID_KEY",
     "BaseServer",
     "DisconnectCancelMiddleware",
     "FailureReplyMiddleware",
@@ -26,12 +34,18 @@ __all__ = [
     "KeepaliveHttpToolsProtocol",
     "Launch",
     "LaunchError",
+    "OwnedSessionRouting",
     "PathContextMiddleware",
+    "ServerProfiler",
     "ServerStartupError",
+    "SessionMiddleware",
     "SimpleServer",
+    "UlimitResult",
     "boundary_for_server_type",
+    "current_session_id",
     "instrument_app_for_telemetry",
     "launch",
     "load_server",
+    "set_ulimit",
     "validate_forwarded_allow_ips",
 ]

@@ -331,6 +331,7 @@ class OwnerRoutingMiddleware:
         headers = _forward_headers(scope, self.slot.index or 0)
         deadline = time.monotonic() + _OWNER_WAIT_S
         fresh = False
+        started = False
         while True:
             port = self.slot.port(owner, fresh=fresh)
             try:
@@ -346,6 +347,7 @@ class OwnerRoutingMiddleware:
                     skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
                     timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
                 ) as response:
+                    started = True
                     await send(
                         {
                             "type": "http.response.start",
@@ -357,8 +359,12 @@ class OwnerRoutingMiddleware:
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
                     return
-            except (aiohttp.ClientConnectorError, _OwnerUnavailableError) as error:
-                # Nothing was sent yet: the owner is restarting or not up yet. Re-read its port and retry.
+            except (aiohttp.ClientConnectionError, _OwnerUnavailableError) as error:
+                if started:
+                    raise  # the owner went away mid-reply: the caller sees a broken reply, as it would
+                # Nothing reached the caller: the owner is restarting, not up yet, or a pooled connection
+                # to its old port went stale. Re-read its port and retry, bounded. (A request the dead owner
+                # had started is replayed to its successor, whose state for the session starts afresh.)
                 if time.monotonic() > deadline:
                     await _owner_unavailable(send, owner, error)
                     return

@@ -1,8 +1,9 @@
 """BaseServer and SimpleServer: a gym server is a FastAPI app plus the runtime around it.
 
 Subclass :class:`SimpleServer` and implement ``setup_webserver() -> FastAPI``. ``build_app()`` returns the
-fully wrapped ASGI app (telemetry set up first, liveness routes, the gym middlewares, the one SERVER span);
-it runs under any ASGI server and in tests. ``run_webserver()`` serves it under uvicorn from the global
+fully wrapped ASGI app (telemetry set up first, liveness routes, the gym middlewares, sessions, the one
+SERVER span, optional profiling; session owner routing outermost under several workers); it runs under any
+ASGI server and in tests. ``run_webserver()`` serves it under uvicorn from the global
 config. Servers are started by the launcher (``gym-obs serve``), which imports ``entrypoint`` and calls
 :func:`load_server` in each child process.
 """
@@ -27,7 +28,20 @@ from gym_obs.server._disconnect import DEFAULT_WATCH_DELAY_S
 from gym_obs.server._failure_reply import FailureReplyMiddleware, boundary_for_server_type
 from gym_obs.server._instrumentation import HEALTH_ROUTES, instrument_app_for_telemetry
 from gym_obs.server._native_telemetry import disable_native_telemetry
+from gym_obs.server._session_routing import (
+    OwnerRoutingMiddleware,
+    owner_routing_dir,
+    worker_routing_environment,
+)
 from gym_obs.server.middleware import PathContextMiddleware
+from gym_obs.server.ops import profiler_for, set_ulimit
+from gym_obs.server.sessions import (
+    OwnedSessionRouting,
+    SessionMiddleware,
+    SessionSigner,
+    derive_session_key,
+    ensure_session_secret,
+)
 from gym_obs.server.uvicorn import (
     ServerStartupError,
     bind_listen_socket,
@@ -85,11 +99,71 @@ class SimpleServer(BaseServer, abc.ABC):
 
     #: Delay before a running handler starts watching for the caller's disconnect (see _disconnect).
     disconnect_watch_delay_s: ClassVar[float] = DEFAULT_WATCH_DELAY_S
+    #: Give every caller a signed session id (``request.session["session_id"]``; see ``sessions``).
+    sessions_enabled: ClassVar[bool] = True
+    #: With ``num_workers > 1``, serve every request of a session on the worker that owns it, so per-session
+    #: state in process memory is never split across workers (see ``_session_routing``).
+    routes_sessions_to_owner: ClassVar[bool] = False
 
     def __init__(self, server_name: str, global_config: GlobalConfig) -> None:
         super().__init__(server_name, global_config)
         self.telemetry: TelemetryHandle | None = None
         self._started = False
+        self._session_key: bytes | None = None
+
+    # -- sessions ------------------------------------------------------------------------------------------
+
+    def get_session_middleware_key(self) -> bytes:
+        """The HMAC key of this server's session tokens: from ``session_secret`` when configured, else
+        from the deployment's generated secret (shared with this server's workers through the
+        environment). Per server: a token of one server is worthless at another."""
+        if self._session_key is None:
+            self._session_key = derive_session_key(self.server_name, self.config.session_secret)
+        return self._session_key
+
+    def owned_session_routing(self) -> OwnedSessionRouting:
+        """Where requests name their session (cookie, header, JSON field) and how long a session and its
+        owning worker stay bound; override to name sessions by a JSON field or to expire them."""
+        return OwnedSessionRouting()
+
+    def _workers_reason(self) -> str | None:
+        reason = self.multiple_workers_unsupported_reason()
+        if reason is None and self.routes_sessions_to_owner and not self.sessions_enabled:
+            reason = "routes_sessions_to_owner needs sessions_enabled"
+        return reason
+
+    def _add_sessions(self, app: FastAPI) -> Callable[[ASGIApp], ASGIApp]:
+        """Install the session middleware; returns what wraps the finished app (owner routing or nothing)."""
+        if not self.sessions_enabled:
+            return _unwrapped
+        signer = SessionSigner(self.get_session_middleware_key())
+        routing = self.owned_session_routing()
+        routing_dir = owner_routing_dir()
+        workers = self.config.num_workers
+        router: OwnerRoutingMiddleware | None = None
+
+        def owns(session_id: str) -> bool:
+            return router is None or router.owns(session_id)
+
+        app.add_middleware(
+            SessionMiddleware, signer=signer, routing=routing, owns=owns, excluded_paths=HEALTH_ROUTES
+        )
+        if not (self.routes_sessions_to_owner and workers > 1 and routing_dir is not None):
+            return _unwrapped
+
+        def wrap(inner: ASGIApp) -> ASGIApp:
+            nonlocal router
+            router = OwnerRoutingMiddleware(
+                inner,
+                signer=signer,
+                routing=routing,
+                num_workers=workers,
+                routing_dir=routing_dir,
+                excluded_paths=HEALTH_ROUTES,
+            )
+            return router
+
+        return wrap
 
     @abc.abstractmethod
     def setup_webserver(self) -> FastAPI:
@@ -148,6 +222,9 @@ class SimpleServer(BaseServer, abc.ABC):
             raise TypeError(f"{type(self).__name__}.setup_webserver() must return a FastAPI app, got {app!r}")
         disable_native_telemetry(app)
         self._add_liveness_routes(app)
+        profiler = profiler_for(self.server_name, self.config, where=self.where)
+        if profiler is not None:
+            profiler.attach(app)
         self._track_lifespan(app)
         # Outermost of the app's own middlewares (inside the SERVER span): failure log and replies, with
         # client-disconnect cancellation fused in (one layer per request).
@@ -156,8 +233,11 @@ class SimpleServer(BaseServer, abc.ABC):
             boundary=self.failure_boundary,
             disconnect_watch_delay_s=self.disconnect_watch_delay_s,
         )
+        # Around it, still inside the span: the session (on the span and on the failure log's lines).
+        wrap = self._add_sessions(app)
         instrument_app_for_telemetry(app)
-        return PathContextMiddleware(app)
+        # Owner routing, when on, is outermost: a forwarded request runs no telemetry where it arrived.
+        return wrap(PathContextMiddleware(app))
 
     def run_webserver(self) -> None:
         """Serve under uvicorn as configured in the global config until SIGINT/SIGTERM, then flush telemetry.
@@ -166,18 +246,31 @@ class SimpleServer(BaseServer, abc.ABC):
         configuration cannot work: proxy allow-list, worker count, an address already in use.
         """
         server = self.config
-        check_worker_count(server.num_workers, self.multiple_workers_unsupported_reason(), where=self.where)
+        check_worker_count(server.num_workers, self._workers_reason(), where=self.where)
         validate_forwarded_allow_ips(
             server.forwarded_allow_ips,
             proxy_headers=server.proxy_headers,
             where=f"{self.where}.forwarded_allow_ips",
         )
+        limit = set_ulimit()
+        _log.info(
+            "open-file limit",
+            before=limit.before,
+            after=limit.after,
+            hard=limit.hard,
+            changed=limit.changed,
+            reason=limit.reason,
+        )
         sock = bind_listen_socket(server.host, server.port, reuse_port=server.reuse_port, where=self.where)
+        routing: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
         try:
             if server.num_workers > 1:
                 # Each worker builds its own app (own telemetry, own service.instance.id) from the env.
                 os.environ[names.ENV_GLOBAL_CONFIG] = self.global_config.model_dump_json()
                 os.environ[names.ENV_SERVER_NAME] = self.server_name
+                ensure_session_secret()  # before the workers start: all of them accept each other's tokens
+                if self.routes_sessions_to_owner and self.sessions_enabled:
+                    routing = worker_routing_environment(self.server_name)
                 config = build_uvicorn_config(
                     _WORKER_FACTORY, server, self.global_config.client, where=self.where, factory=True
                 )
@@ -196,7 +289,12 @@ class SimpleServer(BaseServer, abc.ABC):
             url=f"http://{server.host}:{server.port}",
             workers=server.num_workers,
         )
-        serve_uvicorn(config, sock, on_exit=on_exit)
+        with routing:
+            serve_uvicorn(config, sock, on_exit=on_exit)
+
+
+def _unwrapped(app: ASGIApp) -> ASGIApp:
+    return app
 
 
 def _process_ids() -> dict[str, int]:

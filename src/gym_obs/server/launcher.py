@@ -5,7 +5,9 @@ command) start the head server, then every server (``python -m gym_obs.server._c
 global config in its environment, wait for each ``/readyz`` (bounded per server by ``startup_timeout_s``),
 and on failure stop everything and raise an error naming the server with the tail of its log. Each child is
 its own process group, so Ctrl-C reaches the launcher only and servers are stopped in order (SIGTERM: uvicorn
-shuts down gracefully and telemetry is flushed; SIGKILL after a grace period).
+shuts down gracefully and telemetry is flushed; SIGKILL after a grace period). With ``echo_output`` (what
+``gym-obs serve`` does on a terminal) each child's output also goes to this process's stdout, every line
+prefixed with ``(<server name>) `` so several servers stay readable on one terminal.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -29,6 +32,7 @@ import gym_obs
 from gym_obs.client._addresses import server_base_url
 from gym_obs.config import GlobalConfig, load_global_config
 from gym_obs.server.head_server import HEAD_SERVER_NAME
+from gym_obs.server.ops import pump_output
 from gym_obs.server.uvicorn import ServerStartupError, validate_forwarded_allow_ips
 from gym_obs.telemetry import names
 
@@ -48,6 +52,7 @@ _PROBE_TIMEOUT_S: Final = 1.0
 _HEAD_STARTUP_TIMEOUT_S: Final = 30.0
 _STOP_GRACE_S: Final = 10.0
 _LOG_TAIL_LINES: Final = 40
+_PUMP_JOIN_S: Final = 5.0
 
 
 class LaunchError(RuntimeError):
@@ -65,6 +70,7 @@ class LaunchedProcess:
     process: subprocess.Popen[bytes]
     num_workers: int = 1
     _log_file: IO[bytes] | None = field(default=None, repr=False)
+    _pump: threading.Thread | None = field(default=None, repr=False)
 
     @property
     def pid(self) -> int:
@@ -103,9 +109,10 @@ def _describe_exit(code: int) -> str:
 class Launch:
     """The running deployment: head server and servers. ``stop()`` is idempotent."""
 
-    def __init__(self, config: GlobalConfig, log_dir: Path) -> None:
+    def __init__(self, config: GlobalConfig, log_dir: Path, *, echo_output: bool = False) -> None:
         self.config = config
         self.log_dir = log_dir
+        self.echo_output = echo_output
         self.head: LaunchedProcess | None = None
         self.servers: dict[str, LaunchedProcess] = {}
         self._stopped = False
@@ -140,14 +147,17 @@ class Launch:
                 [sys.executable, "-m", "gym_obs.server._child", *args],
                 env=dict(env),
                 stdin=subprocess.DEVNULL,
-                stdout=log_file,
+                stdout=subprocess.PIPE if self.echo_output else log_file,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # Ctrl-C goes to the launcher, which stops children in order
             )
         except BaseException:
             log_file.close()
             raise
-        return LaunchedProcess(name, server_type, url, log_path, process, workers, log_file)
+        pump = None
+        if self.echo_output and process.stdout is not None:
+            pump = pump_output(process.stdout, name, raw=[log_file], prefixed=[sys.stdout.buffer])
+        return LaunchedProcess(name, server_type, url, log_path, process, workers, log_file, pump)
 
     def _wait_ready(self, proc: LaunchedProcess, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -213,6 +223,8 @@ class Launch:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(proc.pid, signal.SIGKILL)  # the child's own group: its uvicorn workers too
                 proc.process.wait()
+            if proc._pump is not None:
+                proc._pump.join(_PUMP_JOIN_S)  # the last lines reach the log before it is closed
             if proc._log_file is not None:
                 proc._log_file.close()
 
@@ -257,10 +269,12 @@ def launch(
     env: Mapping[str, str] | None = None,
     ready_timeout_s: float | None = None,
     stop_grace_s: float = _STOP_GRACE_S,
+    echo_output: bool = False,
 ) -> Iterator[Launch]:
     """Start the head server and every server, wait until all are ready, stop them all on exit.
 
     ``config`` is a GlobalConfig or a YAML path. ``env`` adds environment variables for the children.
+    ``echo_output`` copies every child's output to stdout, each line prefixed ``(<server name>) ``.
     Raises :class:`~gym_obs.config.ConfigError` / :class:`ServerStartupError` before starting anything
     for a bad config, and :class:`LaunchError` (everything already started is stopped) when a server
     fails to start.
@@ -269,7 +283,7 @@ def launch(
     preflight(resolved)
     directory = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="gym-obs-"))
     directory.mkdir(parents=True, exist_ok=True)
-    running = Launch(resolved, directory)
+    running = Launch(resolved, directory, echo_output=echo_output)
     try:
         running.start(_child_environment(resolved, env), ready_timeout_s)
         yield running
@@ -297,6 +311,13 @@ def _print_table(running: Launch) -> None:
     console.print("All servers are ready. Press Ctrl-C to stop them.")
 
 
+def _stdout_is_a_terminal() -> bool:
+    try:
+        return sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
 def _raise_keyboard_interrupt(_signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -310,7 +331,11 @@ def serve(
     """Run a deployment in the foreground until Ctrl-C (exit 0) or until a server dies (exit 1)."""
     previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     try:
-        with launch(config_path, log_dir=log_dir, ready_timeout_s=ready_timeout_s) as running:
+        # On a terminal, the servers' output is shown there too, each line prefixed with its server's name.
+        echo = _stdout_is_a_terminal()
+        with launch(
+            config_path, log_dir=log_dir, ready_timeout_s=ready_timeout_s, echo_output=echo
+        ) as running:
             _print_table(running)
             while True:
                 running.check()

@@ -3,7 +3,8 @@
 A resources server keeps per-episode state in memory and needs to know which episode a request belongs
 to. The session middleware gives each caller a session id (``scope["session"][SESSION_ID_KEY]``, so
 ``request.session["session_id"]`` works in handlers, and :func:`current_session_id`), puts it on the SERVER
-span (``gym.session.id``) and on every log line, and hands a new caller a signed token: a cookie
+span (``gym.session.id``) and on every log line, and hands a new caller a signed token (issued when the
+request first uses its session, so stateless routes pay nothing for it): a cookie
 (``gym_obs_session``) for clients with a cookie jar, and the ``X-NG-Session`` reply header for clients
 without one (gym's own pools share connections across rollouts and keep no cookies: send the token back
 as the ``X-NG-Session`` header). Tokens are HMAC-SHA256 signed with a per-server key, so a caller cannot
@@ -16,6 +17,7 @@ With several uvicorn workers the state of one session must live in one process: 
 from __future__ import annotations
 
 import base64
+import contextlib
 import contextvars
 import hashlib
 import hmac
@@ -36,7 +38,6 @@ from gym_obs.telemetry._state import STATE
 
 __all__ = [
     "MAX_SESSION_ID_CHARS",
-    "SESSION_ID",
     "SESSION_ID_KEY",
     "OwnedSessionRouting",
     "SessionMiddleware",
@@ -44,27 +45,20 @@ __all__ = [
     "current_session_id",
     "derive_session_key",
     "ensure_session_secret",
+    "session_from_headers",
     "session_from_request",
 ]
 
 SESSION_ID_KEY: Final = "session_id"
 MAX_SESSION_ID_CHARS: Final = 256
-SESSION_ID: Final[contextvars.ContextVar[str | None]] = contextvars.ContextVar(
-    "gym_obs_session_id", default=None
-)
 
-RESOLVED_SCOPE_KEY: Final = "gym_obs.session"  # (session id, issued now) decided by an outer middleware
+RESOLVED_SCOPE_KEY: Final = "gym_obs.session"  # the session id an outer middleware already resolved
 _MAX_TOKEN_CHARS: Final = 512
 _SIG_BYTES: Final = 16
 _MAX_JSON_BODY: Final = 1 << 20
 _COOKIE: Final = names.SESSION_COOKIE
 _HEADER: Final = names.SESSION_HEADER.lower().encode("latin-1")
 _SET_COOKIE: Final = b"set-cookie"
-
-
-def current_session_id() -> str | None:
-    """The session of the request being handled, if any."""
-    return SESSION_ID.get()
 
 
 @dataclass(frozen=True)
@@ -159,21 +153,12 @@ class SessionSigner:
 # --- finding a request's session --------------------------------------------------------------------------
 
 
-def _cookie_value(headers: Iterable[tuple[bytes, bytes]], name: str) -> str | None:
-    for key, value in headers:
-        if key != b"cookie":
-            continue
+def _cookie_value(cookie_headers: list[bytes], name: str) -> str | None:
+    for value in cookie_headers:
         for part in value.decode("latin-1").split(";"):
             cookie_name, sep, cookie_value = part.strip().partition("=")
             if sep and cookie_name == name:
                 return cookie_value.strip().strip('"')
-    return None
-
-
-def _header_value(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
-    for key, value in headers:
-        if key == _HEADER:
-            return value.decode("latin-1").strip()
     return None
 
 
@@ -218,35 +203,109 @@ def json_field_value(body: bytes, field: str) -> str | None:
     return _valid_id(data.get(field)) if isinstance(data, dict) else None
 
 
+def session_from_headers(
+    headers: Iterable[tuple[bytes, bytes]], signer: SessionSigner, routing: OwnedSessionRouting
+) -> str | None:
+    """The session a valid token names: the ``X-NG-Session`` header first, then the cookie (one pass)."""
+    header_token: bytes | None = None
+    cookies: list[bytes] | None = None
+    for key, value in headers:
+        if key == _HEADER:
+            header_token = value
+        elif key == b"cookie":
+            if cookies is None:
+                cookies = []
+            cookies.append(value)
+    if header_token is not None and routing.header:
+        found = signer.verify(header_token.decode("latin-1").strip(), routing.ownership_ttl_s)
+        if found is not None:
+            return found
+    if cookies is not None and routing.cookie:
+        token = _cookie_value(cookies, _COOKIE)
+        if token:
+            return signer.verify(token, routing.ownership_ttl_s)
+    return None
+
+
 async def session_from_request(
     scope: Scope, receive: Receive, signer: SessionSigner, routing: OwnedSessionRouting
 ) -> tuple[str | None, Receive]:
     """The session a request names (header token, cookie token, then JSON field), and the ``receive`` to
     use from now on (the body is replayed when it had to be read for the JSON field)."""
-    headers = scope["headers"]
-    if routing.header:
-        token = _header_value(headers)
-        if token:
-            found = signer.verify(token, routing.ownership_ttl_s)
-            if found is not None:
-                return found, receive
-    if routing.cookie:
-        token = _cookie_value(headers, _COOKIE)
-        if token:
-            found = signer.verify(token, routing.ownership_ttl_s)
-            if found is not None:
-                return found, receive
-    if routing.json_field and scope["type"] == "http" and _is_json(headers):
+    found = session_from_headers(scope["headers"], signer, routing)
+    if found is None and routing.json_field and scope["type"] == "http" and _is_json(scope["headers"]):
         messages, body = await read_body(receive)
         return json_field_value(body, routing.json_field), replaying(messages, receive)
-    return None, receive
+    return found, receive
 
 
 # --- the middleware ---------------------------------------------------------------------------------------
 
 
+class _Session(dict[str, str]):
+    """``scope["session"]``: holds the id of a session the request named, or issues one on first use.
+
+    Issuing lazily keeps sessions free for requests that never use one (health probes, stateless routes):
+    no id, no signature, no cookie. ``session[SESSION_ID_KEY]``, ``.get(SESSION_ID_KEY)`` and
+    :func:`current_session_id` all issue it.
+    """
+
+    __slots__ = ("_log_tokens", "_middleware", "_span", "token")
+
+    def __init__(self, session_id: str | None, middleware: SessionMiddleware, span: Any) -> None:
+        # (dict.__init__ is not called: the mapping starts empty, and this runs on every request)
+        self._middleware = middleware
+        self._span = span
+        self.token: str | None = None  # set when issued here: the reply hands it to the caller
+        self._log_tokens: list[Any] | None = None
+        if session_id is not None:
+            self._adopt(session_id)
+
+    def _adopt(self, session_id: str) -> None:
+        dict.__setitem__(self, SESSION_ID_KEY, session_id)
+        if self._span is not None and self._span.is_recording():
+            self._span.set_attribute(names.ATTR_SESSION_ID, session_id)
+        tokens = structlog.contextvars.bind_contextvars(session_id=session_id)
+        self._log_tokens = [*(self._log_tokens or ()), tokens]
+
+    def _unbind(self) -> None:
+        for tokens in self._log_tokens or ():
+            with contextlib.suppress(ValueError):  # bound in another context (a sync handler's thread)
+                structlog.contextvars.reset_contextvars(**tokens)
+
+    @property
+    def session_id(self) -> str:
+        found = dict.get(self, SESSION_ID_KEY)
+        if found is None:
+            found = self._middleware.new_session_id()
+            self.token = self._middleware.signer.issue(found)
+            self._adopt(found)
+        return found
+
+    def __missing__(self, key: str) -> str:
+        if key == SESSION_ID_KEY:
+            return self.session_id
+        raise KeyError(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.session_id if key == SESSION_ID_KEY else dict.get(self, key, default)
+
+
+_CURRENT: Final[contextvars.ContextVar[_Session | None]] = contextvars.ContextVar(
+    "gym_obs_session", default=None
+)
+
+
+def current_session_id() -> str | None:
+    """The session of the request being handled (issued now if the request named none); ``None``
+    outside a request of a server with sessions."""
+    session = _CURRENT.get()
+    return session.session_id if session is not None else None
+
+
 class SessionMiddleware:
-    """Pure ASGI: resolve or issue the caller's session; expose it to handlers, the span and log lines.
+    """Pure ASGI: resolve the caller's session, or issue one when the handler first asks for it; put the id
+    on the SERVER span and on log lines; hand a new session's token back on the reply.
 
     Install it inside the SERVER span (``SimpleServer.build_app`` does). ``owns`` (set under owner routing)
     says whether this worker owns a session id; new ids are drawn until this worker owns them, so a new
@@ -268,7 +327,7 @@ class SessionMiddleware:
         self.owns = owns
         self.excluded_paths = frozenset(excluded_paths)
 
-    def _new_session_id(self) -> str:
+    def new_session_id(self) -> str:
         session_id = self.signer.new_session_id()
         if self.owns is not None:
             for _ in range(10_000):
@@ -288,36 +347,30 @@ class SessionMiddleware:
         if scope["type"] not in ("http", "websocket") or scope["path"] in self.excluded_paths:
             await self.app(scope, receive, send)
             return
-        resolved = scope.pop(RESOLVED_SCOPE_KEY, None)
-        if resolved is not None:
-            session_id: str | None = resolved
-        else:
-            session_id, receive = await session_from_request(scope, receive, self.signer, self.routing)
-        token: str | None = None
+        session_id: str | None = scope.pop(RESOLVED_SCOPE_KEY, None)
         if session_id is None:
-            session_id = self._new_session_id()
-            token = self.signer.issue(session_id)
-        scope["session"] = {SESSION_ID_KEY: session_id}
-        if STATE.enabled:
-            span = trace.get_current_span()
-            if span.is_recording():
-                span.set_attribute(names.ATTR_SESSION_ID, session_id)
-        if token is not None and scope["type"] == "http":
-            send = self._issuing(send, token)
-        context_token = SESSION_ID.set(session_id)
-        log_tokens = structlog.contextvars.bind_contextvars(session_id=session_id)
+            session_id = session_from_headers(scope["headers"], self.signer, self.routing)
+            if session_id is None and self.routing.json_field:
+                session_id, receive = await session_from_request(scope, receive, self.signer, self.routing)
+        span = trace.get_current_span() if STATE.enabled else None
+        session = _Session(session_id, self, span)
+        scope["session"] = session
+        if scope["type"] == "http" and session_id is None:
+            send = self._issuing(send, session)
+        context_token = _CURRENT.set(session)
         try:
             await self.app(scope, receive, send)
         finally:
-            structlog.contextvars.reset_contextvars(**log_tokens)
-            SESSION_ID.reset(context_token)
+            _CURRENT.reset(context_token)
+            if session._log_tokens is not None:
+                session._unbind()
 
-    def _issuing(self, send: Send, token: str) -> Send:
-        extra = [(_SET_COOKIE, self._cookie_header(token))] if self.routing.cookie else []
-        extra.append((_HEADER, token.encode("latin-1")))
-
+    def _issuing(self, send: Send, session: _Session) -> Send:
         async def issuing_send(message: Message) -> None:
-            if message["type"] == "http.response.start":
+            if message["type"] == "http.response.start" and session.token is not None:
+                extra = [(_HEADER, session.token.encode("latin-1"))]
+                if self.routing.cookie:
+                    extra.append((_SET_COOKIE, self._cookie_header(session.token)))
                 message = {**message, "headers": [*message.get("headers", ()), *extra]}
             await send(message)
 
