@@ -51,12 +51,25 @@ def _serve(args: argparse.Namespace) -> int:
     return serve(args.config, log_dir=args.log_dir, ready_timeout_s=args.ready_timeout)
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
 def _add_serve(subparsers: _Subparsers[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("serve", help="start the head server and every configured server")
     parser.add_argument("config", type=Path, help="the global config (YAML)")
     parser.add_argument("--log-dir", type=Path, default=None, help="server logs (default: a temp directory)")
     parser.add_argument(
-        "--ready-timeout", type=float, default=None, help="seconds each server may take to become ready"
+        "--ready-timeout",
+        type=_positive_seconds,
+        default=None,
+        help="seconds each server may take to become ready (default: its startup_timeout_s)",
     )
     parser.set_defaults(handler=_serve)
 

@@ -80,11 +80,20 @@ class ConfigError(ValueError):
     """A global config that cannot be used; the message names every bad key."""
 
 
+def _no_bool(value: object) -> object:
+    """YAML reads ``yes``/``on``/``true`` as booleans, and pydantic would take them as 1: refuse them."""
+    if isinstance(value, bool):
+        raise ValueError(f"must be a whole number, not a boolean (got {value!r})")
+    return value
+
+
 class HeadServerConfig(_Strict):
     """Where the head server listens; every process finds the others through it."""
 
     host: str = "127.0.0.1"
     port: int = Field(default=11000, ge=1, le=65535)
+
+    _check_port = field_validator("port", mode="before")(_no_bool)
 
 
 class ServerInstanceConfig(BaseModel):
@@ -116,6 +125,10 @@ class ServerInstanceConfig(BaseModel):
     # CPU profiling for the server's lifetime (extra `profiling`); reports on shutdown and GET /stats.
     profiling_enabled: bool = False
     profiling_results_dirpath: str | None = None
+
+    _check_numbers = field_validator(
+        "port", "num_workers", "backlog", "timeout_keep_alive_s", "startup_timeout_s", mode="before"
+    )(_no_bool)
 
     @field_validator("entrypoint")
     @classmethod
@@ -194,16 +207,67 @@ def parse_global_config(data: object, *, source: str = "<config>") -> GlobalConf
         raise ConfigError(_format_validation_error(error, source)) from None
 
 
+def _unique_key_loader() -> type[Any]:
+    """A safe YAML loader that refuses duplicate keys (PyYAML silently keeps the last one)."""
+    import yaml
+
+    class _Loader(yaml.SafeLoader):
+        pass
+
+    def construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=deep)
+            if isinstance(key, list | dict):
+                continue  # unhashable: the constructor reports it
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping",
+                    node.start_mark,
+                    f"found duplicate key {key!r}",
+                    key_node.start_mark,
+                )
+            seen.add(key)
+        return loader.construct_mapping(node, deep=deep)
+
+    _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
+    return _Loader
+
+
+def _describe_yaml_error(error: Exception) -> str:
+    """``line L, column C: problem`` (1-based, where the parser gave up), not PyYAML's multi-line dump."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None)
+    if mark is None or not problem:
+        return str(error)
+    context = getattr(error, "context", None)
+    context_mark = getattr(error, "context_mark", None)
+    text = f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    if context and context_mark is not None:
+        text += f" ({context} started at line {context_mark.line + 1}, column {context_mark.column + 1})"
+    return text
+
+
 def load_global_config(path: str | os.PathLike[str]) -> GlobalConfig:
-    """Read a YAML global config file; errors name the file and the bad key."""
+    """Read a YAML global config file; errors name the file and the bad key (or line, for YAML errors).
+
+    An empty file is an error: it is almost always the wrong path or an unsaved editor buffer, and serving
+    a deployment without a single server hides that.
+    """
     import yaml
 
     source = os.fspath(path)
     try:
         with open(source, encoding="utf-8") as handle:
-            data = yaml.safe_load(handle)
+            data = yaml.load(handle, Loader=_unique_key_loader())  # a SafeLoader subclass
     except OSError as error:
         raise ConfigError(f"cannot read global config {source}: {error.strerror or error}") from None
+    except UnicodeDecodeError as error:
+        raise ConfigError(
+            f"cannot read global config {source}: not UTF-8 text (byte {error.start}: {error.reason})"
+        ) from None
     except yaml.YAMLError as error:
-        raise ConfigError(f"invalid YAML in global config {source}: {error}") from None
+        raise ConfigError(f"invalid YAML in global config {source}: {_describe_yaml_error(error)}") from None
+    if data is None:
+        raise ConfigError(f"invalid global config ({source}): the file is empty")
     return parse_global_config(data, source=source)

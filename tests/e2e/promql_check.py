@@ -273,7 +273,8 @@ class CheckReport:
 
 def _finite_values(data: Mapping[str, Any]) -> tuple[int, int]:
     """(series count, finite sample count) of a query result."""
-    result_type, result = data.get("resultType"), data.get("result")
+    result_type = data.get("resultType")
+    result: Any = data.get("result") or []
     if result_type == "matrix":
         samples = [value for series in result for _, value in series.get("values", [])]
         return len(result), sum(math.isfinite(float(value)) for value in samples)
@@ -370,20 +371,28 @@ def load_dashboards(directory: Path) -> dict[str, dict[str, Any]]:
 # --- a real Prometheus for tests --------------------------------------------------------------------------
 
 
-def prometheus_config(targets: Mapping[str, Sequence[str]], scrape_interval_s: float) -> dict[str, Any]:
-    """Scrape config giving each target ``job`` = its service.name (target labels beat job_name)."""
+def prometheus_config(
+    targets: Mapping[str, Sequence[str]],
+    scrape_interval_s: float,
+    file_sd: Sequence[Path] = (),
+) -> dict[str, Any]:
+    """Scrape config giving each target ``job`` = its service.name (target labels beat job_name).
+
+    ``targets`` are static ({service.name: [host:port]}); ``file_sd`` files (such as the harness's
+    ``prometheus_targets.json``) are watched, so they may be written after Prometheus started.
+    """
     interval = _duration(scrape_interval_s)
+    scrape: dict[str, Any] = {"job_name": "gym"}
+    if targets:
+        scrape["static_configs"] = [
+            {"targets": list(addresses), "labels": {"job": service_name}}
+            for service_name, addresses in sorted(targets.items())
+        ]
+    if file_sd:
+        scrape["file_sd_configs"] = [{"files": [str(path) for path in file_sd], "refresh_interval": "5s"}]
     return {
         "global": {"scrape_interval": interval, "scrape_timeout": interval, "evaluation_interval": interval},
-        "scrape_configs": [
-            {
-                "job_name": "gym",
-                "static_configs": [
-                    {"targets": list(addresses), "labels": {"job": service_name}}
-                    for service_name, addresses in sorted(targets.items())
-                ],
-            }
-        ],
+        "scrape_configs": [scrape],
     }
 
 
@@ -395,13 +404,16 @@ def run_prometheus(
     listen: str = "127.0.0.1:23090",
     scrape_interval_s: float = 1.0,
     ready_timeout_s: float = 30.0,
+    file_sd: Sequence[Path] = (),
 ) -> Iterator[str]:
-    """Start Debian's ``prometheus`` scraping ``targets`` ({service.name: [host:port]}); yield its URL."""
+    """Start Debian's ``prometheus`` scraping ``targets`` ({service.name: [host:port]}) and the targets of
+    the ``file_sd`` files; yield its URL."""
     binary = shutil.which("prometheus")
     if binary is None:
         raise RuntimeError("prometheus is not installed (scripts/test.sh installs Debian's package)")
     config = work_dir / "prometheus.yml"
-    config.write_text(json.dumps(prometheus_config(targets, scrape_interval_s), indent=2))  # JSON is YAML
+    config_data = prometheus_config(targets, scrape_interval_s, file_sd)
+    config.write_text(json.dumps(config_data, indent=2))  # JSON is YAML
     log = (work_dir / "prometheus.log").open("wb")
     process = subprocess.Popen(
         [

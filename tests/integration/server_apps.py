@@ -129,3 +129,14 @@ class BrokenServer(SimpleServer):
 
     def setup_webserver(self) -> FastAPI:
         raise RuntimeError("model weights not found at /nonexistent/weights.bin")
+
+
+class NeverReadyServer(SimpleServer):
+    """Starts and answers /livez, but /readyz stays 503 (a model that never finishes loading)."""
+
+    def is_ready(self) -> bool:
+        _log.info("still loading the weights")
+        return False
+
+    def setup_webserver(self) -> FastAPI:
+        return FastAPI()

@@ -171,3 +171,69 @@ async def test_direct_session_users_get_pool_waits_labelled_external(
     waits = _points(telemetry, names.METRIC_POOL_WAIT_DURATION, **{names.ATTR_SERVER_NAME: "external"})
     assert sum(p.count for p in waits) >= 1
     assert _sum(telemetry, names.METRIC_POOL_PENDING_REQUESTS) == 0
+
+
+async def test_a_queued_control_request_is_labelled_control(
+    pool_of_one: GlobalAIOHTTPAsyncClientConfig, raw_server: ServerFactory, telemetry: Capture
+) -> None:
+    server = await raw_server(lambda _i: Action("reply", delay_s=0.05))
+
+    async def one() -> None:
+        response = await request("GET", f"{server.url}/health", _control=True, _server_name="head")
+        await response.read()
+
+    await asyncio.gather(one(), one(), one())
+    assert server.max_in_flight == 1
+    waits = _points(telemetry, names.METRIC_POOL_WAIT_DURATION, **{names.ATTR_POOL: "control"})
+    assert sum(p.count for p in waits) >= 1
+    assert all(p.attributes[names.ATTR_SERVER_NAME] == "head" for p in waits)
+    assert not _points(telemetry, names.METRIC_POOL_WAIT_DURATION, **{names.ATTR_POOL: "data"})
+    assert _sum(telemetry, names.METRIC_POOL_PENDING_REQUESTS, **{names.ATTR_POOL: "control"}) == 0
+
+
+# Every metric's attribute keys, exactly (DESIGN.md: small fixed value sets; no ids or URLs on metrics).
+_METRIC_KEYS = {
+    names.METRIC_HTTP_CLIENT_REQUEST_DURATION: {
+        frozenset({names.ATTR_HTTP_REQUEST_METHOD, names.ATTR_SERVER_ADDRESS, names.ATTR_SERVER_PORT,
+                   names.ATTR_SERVER_NAME, names.ATTR_HTTP_RESPONSE_STATUS_CODE}),
+        frozenset({names.ATTR_HTTP_REQUEST_METHOD, names.ATTR_SERVER_ADDRESS, names.ATTR_SERVER_PORT,
+                   names.ATTR_SERVER_NAME, names.ATTR_HTTP_RESPONSE_STATUS_CODE, names.ATTR_ERROR_TYPE}),
+        frozenset({names.ATTR_HTTP_REQUEST_METHOD, names.ATTR_SERVER_ADDRESS, names.ATTR_SERVER_PORT,
+                   names.ATTR_SERVER_NAME, names.ATTR_ERROR_TYPE}),
+    },
+    names.METRIC_CLIENT_RETRIES: {frozenset({names.ATTR_SERVER_NAME, names.ATTR_RETRY_REASON})},
+    names.METRIC_POOL_WAIT_DURATION: {
+        frozenset({names.ATTR_SERVER_NAME, names.ATTR_POOL, names.ATTR_POOL_OUTCOME})},
+    names.METRIC_POOL_PENDING_REQUESTS: {frozenset({names.ATTR_SERVER_NAME, names.ATTR_POOL})},
+    names.METRIC_POOL_CONNECTIONS: {frozenset({names.ATTR_POOL, names.ATTR_HTTP_CONNECTION_STATE})},
+}
+
+
+async def test_metric_attribute_sets_are_exactly_the_designed_ones(
+    pool_of_one: GlobalAIOHTTPAsyncClientConfig, raw_server: ServerFactory, telemetry: Capture
+) -> None:
+    from gym_obs.telemetry.propagation import rollout_context
+
+    server = await raw_server(lambda i: Action("drop") if i == 0 else (
+        Action("reply", status=500) if i == 5 else Action("reply", delay_s=0.01)))
+
+    async def one(i: int) -> None:
+        with rollout_context(f"rollout-{i}"):
+            response = await request("POST", f"http://u:p@127.0.0.1:{server.port}/v1/x/{i}?k=v",
+                                     json={"i": i}, _server_name="model", _route="/v1/x/{i}")
+            await response.read()
+
+    await asyncio.gather(*(one(i) for i in range(6)))
+    _pool_trace.sync_pool_connections()
+    for metric, allowed in _METRIC_KEYS.items():
+        points = telemetry.metric_points(metric)
+        assert points, metric
+        for point in points:
+            assert frozenset(point.attributes) in allowed, (metric, dict(point.attributes))
+            for key, value in point.attributes.items():
+                if key == names.ATTR_SERVER_NAME:
+                    assert value == "model"
+                text = str(value)
+                assert "rollout" not in text and "/" not in text and "k=v" not in text, (metric, key, value)
+    assert {p.attributes[names.ATTR_RETRY_REASON]
+            for p in telemetry.metric_points(names.METRIC_CLIENT_RETRIES)} <= set(names.RETRY_REASONS)

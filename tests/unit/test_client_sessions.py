@@ -130,3 +130,41 @@ def test_get_outside_a_loop_is_an_error() -> None:
     with pytest.raises(RuntimeError):
         get_global_aiohttp_client()
     assert is_global_aiohttp_client_setup() in (True, False)
+
+
+@pytest.mark.parametrize(
+    ("cfg", "error"),
+    [
+        (None, TypeError),
+        ("global_aiohttp_connector_limit=1", TypeError),
+        ({"global_aiohttp_connector_limit": -1}, ValueError),
+        ({"global_aiohttp_conector_limit": 1}, ValueError),  # a typo is an error, not ignored
+        (GlobalAIOHTTPAsyncClientConfig.model_construct(global_aiohttp_connector_limit=-5), ValueError),
+        (GlobalAIOHTTPAsyncClientConfig(global_aiohttp_max_retry_seconds=float("inf")), ValueError),
+    ],
+    ids=["none", "str", "negative_limit", "unknown_key", "constructed_unvalidated", "infinite_budget"],
+)
+async def test_set_rejects_a_bad_config_and_keeps_the_old_one(cfg: object, error: type[Exception]) -> None:
+    good = GlobalAIOHTTPAsyncClientConfig(global_aiohttp_connector_limit=7)
+    configure_global_aiohttp_client(good, workers=1)
+    with pytest.raises(error):
+        set_global_aiohttp_client(cfg)  # type: ignore[arg-type]
+    with pytest.raises(error):
+        configure_global_aiohttp_client(cfg)  # type: ignore[arg-type]
+    assert not is_global_aiohttp_client_setup()
+    assert _sessions.current_config() == good  # nothing was stored
+    session = get_global_aiohttp_client()
+    assert isinstance(session.connector, aiohttp.TCPConnector) and session.connector.limit == 7
+    await close_global_aiohttp_client()
+
+
+async def test_set_accepts_a_mapping_of_fields() -> None:
+    session = set_global_aiohttp_client({"global_aiohttp_connector_limit": 9}, workers=1)  # type: ignore[arg-type]
+    assert isinstance(session.connector, aiohttp.TCPConnector) and session.connector.limit == 9
+    await close_global_aiohttp_client()
+
+
+@pytest.mark.parametrize("workers", [0, -1, 1.5, True])
+def test_configure_rejects_bad_worker_counts(workers: object) -> None:
+    with pytest.raises(ValueError, match="workers"):
+        configure_global_aiohttp_client(GlobalAIOHTTPAsyncClientConfig(), workers=workers)  # type: ignore[arg-type]

@@ -260,3 +260,126 @@ def test_foreign_failure_from_exception_with_broken_str() -> None:
     foreign = ForeignFailure.from_exception(Broken())
     assert foreign.message == "<unprintable exception>"
     assert foreign.exception_type.endswith("Broken")
+
+
+# --- audit additions: constructor forms, cause ids, long chains ------------------------------------------
+
+
+def test_reason_may_be_positional_or_keyword() -> None:
+    from gym_obs.failures import NgFailureEvent
+
+    positional = NgFailureEvent(
+        "verifier_error", "bad answer", boundary="resources_server", stage="verification"
+    )
+    keyword = NgFailureEvent(
+        failure_kind="verifier_error", failure_reason="bad answer", boundary="resources_server"
+    )
+    assert positional.failure_reason == keyword.failure_reason == "bad answer"
+    assert positional.event_id != keyword.event_id
+    with pytest.raises(TypeError):
+        NgFailureEvent("verifier_error", "x", "resources_server")  # type: ignore[call-arg]  # boundary is keyword-only
+
+
+def test_cause_id_follows_raise_from_before_any_report() -> None:
+    from gym_obs.failures import NgFailureEvent, failure_report_for
+
+    inner = NgFailureEvent("judge_failed", "judge crashed", boundary="resources_server")
+    with pytest.raises(NgFailureEvent) as raised:
+        raise NgFailureEvent("verifier_error", boundary="resources_server") from inner
+    assert raised.value.cause_id == inner.event_id
+    with pytest.raises(NgFailureEvent) as raised_foreign:
+        try:
+            _ = 1 / 0
+        except ZeroDivisionError as zde:
+            raise NgFailureEvent("verifier_error", boundary="resources_server") from zde
+    outer = raised_foreign.value
+    foreign_id = outer.cause_id
+    assert foreign_id is not None and foreign_id.startswith("fe_")
+    assert outer.cause_id == foreign_id  # stable
+    report = failure_report_for(outer)
+    assert report.events[outer.event_id]["cause_id"] == foreign_id
+    assert report.events[foreign_id]["exception_type"] == "ZeroDivisionError"
+    assert outer.to_record()["cause_id"] == foreign_id
+    restored = pickle.loads(pickle.dumps(outer))
+    assert restored.cause_id == foreign_id and restored.__cause__.event_id == foreign_id
+
+
+def test_context_alone_never_gives_a_cause_id() -> None:
+    from gym_obs.failures import NgFailureEvent
+
+    with pytest.raises(NgFailureEvent) as raised:
+        try:
+            raise NgFailureEvent("judge_failed", boundary="agent")
+        except NgFailureEvent:
+            raise NgFailureEvent("agent_run_error", boundary="agent")  # noqa: B904 - the point of the test
+    assert raised.value.__context__ is not None
+    assert raised.value.cause_id is None
+
+
+@pytest.mark.parametrize("length", [31, 33, 200, 5000])
+def test_pickle_and_report_of_a_very_long_chain_keep_the_root_cause(length: int) -> None:
+    from gym_obs.failures import NgFailureEvent, failure_report_for
+    from gym_obs.failures._shrink import final_chain
+
+    cause: BaseException = OSError("disk full: the root cause")
+    for i in range(length):
+        link = KeyError(i) if i % 2 else NgFailureEvent("internal_error", str(i), boundary="agent")
+        link.__cause__ = cause
+        cause = link
+    top = NgFailureEvent("agent_run_error", "top", boundary="agent")
+    top.__cause__ = cause
+    report = failure_report_for(top)
+    chain = final_chain(report.events, top.event_id)
+    assert report.events[chain[-1]]["failure_reason"] == "disk full: the root cause"
+    assert len(chain) + sum(r.get("skipped", 0) for r in report.events.values()) == length + 2
+    restored = pickle.loads(pickle.dumps(top))  # no RecursionError, however long the chain
+    links, skipped, node = 0, 0, restored
+    while node.__cause__ is not None:
+        skipped += getattr(node, "skipped_causes", 0)
+        node = node.__cause__
+        links += 1
+    assert str(node) == "OSError: disk full: the root cause"
+    assert links + skipped == length + 1
+    assert links <= 33
+
+
+def test_reason_none_or_unprintable_is_not_an_error() -> None:
+    from gym_obs.failures import NgFailureEvent
+
+    class Unprintable:
+        def __str__(self) -> str:
+            raise RuntimeError("no")
+
+    assert NgFailureEvent("internal_error", None, boundary="agent").failure_reason == ""  # type: ignore[arg-type]
+    unprintable = NgFailureEvent("internal_error", Unprintable(), boundary="agent")  # type: ignore[arg-type]
+    assert unprintable.failure_reason == "<unprintable reason>"
+
+
+def test_empty_labels_and_undecodable_text_still_give_a_report_a_peer_accepts() -> None:
+    from gym_obs.failures import (
+        NgFailureEvent,
+        decode_failure_report,
+        encode_failure_report,
+        failure_report_for,
+        rebuild_failure,
+    )
+    from gym_obs.telemetry._state import STATE
+
+    saved = STATE.server_name
+    STATE.server_name = ""  # setup_telemetry("") leaves an empty server name
+    try:
+        with rollout_context(""):
+            event = NgFailureEvent(
+                "internal_error", "bad \udcff name", boundary="agent", details={"path\udcff": ["\udcfe"]}
+            )
+    finally:
+        STATE.server_name = saved
+    event.__cause__ = OSError("cannot open \udcfe.txt")  # surrogate-escaped file name
+    assert event.server_name is None and event.rollout_id is None
+    decoded = decode_failure_report(encode_failure_report(failure_report_for(event)))
+    rebuilt = rebuild_failure(decoded)
+    assert rebuilt is not None and rebuilt.event_id == event.event_id
+    assert rebuilt.failure_reason == "bad ? name"
+    assert str(rebuilt.__cause__) == "OSError: cannot open ?.txt"
+    restored = pickle.loads(pickle.dumps(event))
+    assert restored.failure_reason == "bad ? name"

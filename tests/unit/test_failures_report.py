@@ -273,3 +273,19 @@ def test_any_chain_gives_a_valid_report(shape: list[str], loop_to: int | None) -
     if find_boundary_failure(top) is not None:
         assert report.failure_id is not None
         assert rebuild_failure(report) is not None
+
+
+def test_forwarding_a_truncated_remote_chain_keeps_its_gaps_counted() -> None:
+    from gym_obs.failures import decode_failure_report, encode_failure_report
+
+    cause: BaseException = ValueError("root")
+    for i in range(100):
+        cause = _chain(cause, _event(reason=str(i)))
+    first = failure_report_for(cause)
+    assert len(first.events) + sum(r.get("skipped", 0) for r in first.events.values()) == 101
+    remote = rebuild_failure(decode_failure_report(encode_failure_report(first)))
+    assert remote is not None
+    top = _chain(remote, _event(reason="forwarded"))
+    second = failure_report_for(top)
+    assert len(second.events) + sum(r.get("skipped", 0) for r in second.events.values()) == 102
+    assert getattr(remote, "skipped_causes", 0) == first.events[remote.event_id].get("skipped", 0)

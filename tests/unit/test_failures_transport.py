@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import itertools
 import time
 import tracemalloc
 import zlib
@@ -24,9 +25,18 @@ from gym_obs.failures import (
     rebuild_failure,
 )
 from gym_obs.failures._base import new_event_id
+from gym_obs.failures._codec import MAX_MAX_BYTES
 from gym_obs.failures._shrink import final_chain
-from gym_obs.failures.transport import MAX_DECOMPRESSED_BYTES, MAX_ENCODED_CHARS, VERSION_PREFIX
+from gym_obs.failures.transport import (
+    MAX_DECOMPRESSED_BYTES,
+    MAX_ENCODED_CHARS,
+    VERSION_PREFIX,
+    observe_failure,
+    request_failure_log,
+)
 from gym_obs.telemetry import names
+from gym_obs.telemetry._state import STATE
+from gym_obs.telemetry.propagation import rollout_context
 
 
 def _pack(payload: bytes) -> str:
@@ -109,11 +119,86 @@ def test_when_only_final_and_root_remain_fields_shrink() -> None:
 
 
 def test_max_bytes_bounds() -> None:
-    with pytest.raises(ValueError):
-        encode_failure_report(FailureReport(), max_bytes=100)
-    with pytest.raises(ValueError):
-        encode_failure_report(FailureReport(), max_bytes=9000)  # over aiohttp's header field limit
+    report, final, _ = _long_report(40, reason_chars=900)
+    # Above aiohttp's header field limit the value is still capped below it.
+    assert len(encode_failure_report(report, max_bytes=100_000)) <= MAX_MAX_BYTES
+    # Too small for anything: no header rather than an error or an oversized value.
+    for tiny in (-1, 0, 1, 3, 4, 50, 100):
+        value = encode_failure_report(report, max_bytes=tiny)
+        assert len(value) <= max(tiny, 0)
     assert decode_failure_report(encode_failure_report(FailureReport())) == FailureReport()
+    capped = encode_failure_report(report, max_bytes=100_000)
+    assert decode_failure_report(capped).failure_id == final.event_id
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(length=st.integers(1, 40), reason=st.integers(0, 900), max_bytes=st.integers(-10, 20_000))
+def test_any_max_bytes_is_respected_and_never_raises(length: int, reason: int, max_bytes: int) -> None:
+    report, final, _ = _long_report(length, reason_chars=reason)
+    value = encode_failure_report(report, max_bytes=max_bytes)
+    assert len(value) <= min(max(max_bytes, 0), MAX_MAX_BYTES)
+    assert value.isascii()
+    if value:
+        assert decode_failure_report(value).failure_id == final.event_id
+
+
+_LABEL = st.text(
+    alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=128
+)
+
+
+@st.composite
+def _rich_reports(draw: st.DrawFn) -> tuple[FailureReport, str, str]:
+    """A final failure over a mixed chain (gym, foreign, groups), plus recovered failures in the log,
+    with non-ASCII reasons, details and the longest context labels."""
+    nodes: list[BaseException] = []
+    for i in range(draw(st.integers(1, 50))):
+        reason = draw(st.text(max_size=1200))
+        shape = draw(st.sampled_from(["gym", "foreign", "group"]))
+        if shape == "gym":
+            values = st.dictionaries(st.text(max_size=8), st.text(max_size=300), max_size=8)
+            details = draw(st.none() | values)
+            nodes.append(NgFailureEvent("verifier_error", reason, boundary="agent", details=details))
+        elif shape == "foreign":
+            nodes.append(type("E" * draw(st.integers(1, 190)), (Exception,), {})(reason))
+        else:
+            nodes.append(ExceptionGroup(reason or "g", [KeyError(i), ValueError(reason)]))
+    for upper, lower in itertools.pairwise(nodes):
+        upper.__cause__ = lower
+    saved, STATE.server_name = STATE.server_name, draw(_LABEL)
+    try:
+        with rollout_context(draw(_LABEL)):
+            reason = draw(st.text(max_size=1200))
+            final = NgFailureEvent("internal_error", reason, boundary="agent", stage="cleanup")
+            recovered = [
+                NgFailureEvent("transport_timeout", draw(st.text(max_size=900)), boundary="model")
+                for _ in range(draw(st.integers(0, 20)))
+            ]
+    finally:
+        STATE.server_name = saved
+    final.__cause__ = nodes[0]
+    with request_failure_log() as log:
+        for event in recovered:
+            observe_failure(event)
+        report = log.report(final=final)
+    assert report is not None
+    return report, final.event_id, final_chain(report.events, report.failure_id)[-1]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(case=_rich_reports(), max_bytes=st.sampled_from([2048, 4096, 8000]))
+def test_any_report_fits_and_keeps_final_and_root(
+    case: tuple[FailureReport, str, str], max_bytes: int
+) -> None:
+    report, final_id, root_id = case
+    value = encode_failure_report(report, max_bytes=max_bytes)
+    assert 0 < len(value) <= max_bytes and value.isascii()
+    decoded = decode_failure_report(value)
+    assert decoded.failure_id == final_id
+    chain = final_chain(decoded.events, final_id)
+    assert chain[-1] == root_id
+    if decoded.events.keys() != report.events.keys():
+        assert decoded.truncated and decoded.dropped >= len(report.events) - len(decoded.events)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -190,3 +190,68 @@ async def test_session_id_is_on_the_server_span(telemetry: Capture) -> None:
     (server,) = [span for span in telemetry.spans() if span.kind == SpanKind.SERVER]
     assert server.attributes is not None
     assert server.attributes[names.ATTR_SESSION_ID] == reply.json()["session_id"]
+
+
+# --- SimpleServer: the session steps fused into the failure-reply layer ------------------------------------
+
+
+def _simple_server(name: str = "resources", **server: Any) -> Any:
+    from gym_obs.config import parse_global_config
+    from gym_obs.server import SimpleServer
+
+    class EpisodeServer(SimpleServer):
+        def setup_webserver(self) -> FastAPI:
+            app = FastAPI()
+            steps: collections.Counter[str] = collections.Counter()
+
+            @app.post("/step")
+            async def step(request: Request) -> dict[str, Any]:
+                session_id = request.session[SESSION_ID_KEY]
+                steps[session_id] += 1
+                log = structlog.contextvars.get_contextvars().get("session_id")
+                return {"session_id": session_id, "steps": steps[session_id], "log": log}
+
+            @app.get("/stateless")
+            async def stateless() -> dict[str, bool]:
+                return {"ok": True}
+
+            return app
+
+    entry = {"entrypoint": "x.y:EpisodeServer", "server_type": "resources_servers", "port": 28040, **server}
+    return EpisodeServer(name, parse_global_config({"servers": {name: entry}}))
+
+
+def test_public_session_names_and_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(names.ENV_SESSION_SECRET, raising=False)
+    assert SESSION_ID_KEY == "session_id"
+    secret = "a-config-secret-of-16+"
+    configured = _simple_server(session_secret=secret)
+    key = configured.get_session_middleware_key()
+    assert isinstance(key, bytes) and len(key) == 32
+    assert key == configured.get_session_middleware_key() == derive_session_key("resources", secret)
+    assert key != _simple_server("other", session_secret=secret).get_session_middleware_key()
+    generated = _simple_server().get_session_middleware_key()
+    assert generated == _simple_server().get_session_middleware_key() != key  # one deployment secret
+    assert configured.multiple_workers_unsupported_reason() is None
+
+
+async def test_simple_server_sessions_are_stable_on_the_span_and_in_logs(telemetry: Capture) -> None:
+    app = _simple_server().build_app()
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as plain:
+        stateless = await plain.get("/stateless")
+        assert names.SESSION_HEADER not in stateless.headers and "set-cookie" not in stateless.headers
+        first = await plain.post("/step")
+        token = first.headers[names.SESSION_HEADER]
+        session_id = first.json()["session_id"]
+        assert first.json()["log"] == session_id
+        plain.cookies.clear()  # a client without a cookie jar: the header carries the token
+        for count in range(2, 52):
+            reply = await plain.post("/step", headers={names.SESSION_HEADER: token})
+            assert reply.json() == {"session_id": session_id, "steps": count, "log": session_id}
+            assert names.SESSION_HEADER not in reply.headers  # issued once
+        assert (await plain.get("/livez")).status_code == 200
+    spans = [span for span in telemetry.spans() if span.kind == SpanKind.SERVER]
+    with_session = [span for span in spans if span.attributes and names.ATTR_SESSION_ID in span.attributes]
+    assert len(with_session) == 51
+    assert {span.attributes[names.ATTR_SESSION_ID] for span in with_session} == {session_id}  # type: ignore[index]
+    assert current_session_id() is None

@@ -72,6 +72,15 @@ def test_errors_name_every_bad_key() -> None:
         ({"head_server": {"port": 1, "extra": 2}}, "head_server.extra: unknown key"),
         ({"telemetry": {"enabeld": True}}, "telemetry.enabeld: unknown key"),
         ([1, 2], "the top level must be a mapping"),
+        ({"head_server": {"port": "eleven"}}, "head_server.port: Input should be a valid integer"),
+        ({"head_server": {"port": True}}, "head_server.port: must be a whole number, not a boolean"),
+        ({"servers": {"m": _server(port=[1])}}, "servers.m.port: Input should be a valid integer"),
+        ({"servers": {"m": _server(num_workers=True)}}, "servers.m.num_workers: must be a whole number"),
+        ({"servers": {"m": _server(num_workers=-1)}}, "servers.m.num_workers: Input should be greater than"),
+        ({"servers": {"m": _server(entrypoint="pkg.mod:")}}, "servers.m.entrypoint: must look like"),
+        ({"servers": {"m": _server(entrypoint=":Class")}}, "servers.m.entrypoint: must look like"),
+        ({"servers": {"m": 5}}, "servers.m: Input should be a valid dictionary"),
+        ({"bogus": 1}, "bogus: unknown key"),
     ],
 )
 def test_clear_errors(data: object, expected: str) -> None:
@@ -95,9 +104,43 @@ def test_yaml_file_errors_name_the_file(tmp_path: Path) -> None:
     bad.write_text("servers:\n  m:\n    entrypoint: a.b:C\n    server_type: x\n    port: nope\n")
     with pytest.raises(ConfigError, match=r"invalid global config \(.*bad.yaml\):\n  servers.m.port"):
         load_global_config(bad)
-    empty = tmp_path / "empty.yaml"
-    empty.write_text("")
-    assert load_global_config(empty) == GlobalConfig()
+    for name, text in (("empty.yaml", ""), ("comment.yaml", "# nothing here\n")):
+        empty = tmp_path / name
+        empty.write_text(text)
+        with pytest.raises(ConfigError, match=rf"invalid global config \(.*{name}\): the file is empty"):
+            load_global_config(empty)
+    assert parse_global_config(None) == GlobalConfig()  # an empty mapping in code is the defaults
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("servers: [unclosed\n", r"line 2, column 1: expected ',' or '\]'"),
+        ("a: b: c\n", "line 1, column 5: mapping values are not allowed here"),
+        ("servers:\n\tx: 1\n", "line 2, column 1: found character"),
+        ("head_server: {port: 1}\nhead_server: {port: 2}\n", "line 2, column 1: found duplicate key"),
+        (
+            "servers:\n  m:\n    entrypoint: a.b:C\n    server_type: x\n    port: 1\n    port: 2\n",
+            "line 6, column 5: found duplicate key 'port'",
+        ),
+    ],
+)
+def test_yaml_syntax_errors_give_the_line_in_one_message(tmp_path: Path, text: str, expected: str) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    pattern = r"invalid YAML in global config .*config\.yaml: " + expected
+    with pytest.raises(ConfigError, match=pattern) as info:
+        load_global_config(path)
+    assert "<unicode string>" not in str(info.value)
+
+
+def test_unreadable_files_name_the_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"cannot read global config .*: Is a directory"):
+        load_global_config(tmp_path)
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"\x80\x81 servers: {}\n")
+    with pytest.raises(ConfigError, match=r"cannot read global config .*binary\.yaml: not UTF-8 text"):
+        load_global_config(binary)
 
 
 def test_config_from_environment_round_trips(monkeypatch: pytest.MonkeyPatch) -> None:

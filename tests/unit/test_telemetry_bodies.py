@@ -159,3 +159,40 @@ def test_planted_secret_never_survives_an_excerpt(secret: str, filler: int, wher
     noise = "lorem ipsum\n" * (filler // 12)
     body = planted + noise if where == "head" else noise + planted
     assert secret not in bounded_excerpt(body)
+
+
+@given(
+    shift=st.integers(min_value=-80, max_value=80),
+    form=st.sampled_from(["sk", "kv", "bearer"]),
+    where=st.sampled_from(["head", "tail"]),
+    as_bytes=st.booleans(),
+)
+def test_a_secret_split_by_the_cut_of_a_large_body_never_survives(
+    shift: int, form: str, where: str, as_bytes: bool
+) -> None:
+    """No line break or space near the cut: the cut falls inside the secret; no part of it may survive."""
+    value = "A1b2C3d4E5f6G7h8J9k0L1m2"
+    planted = {"sk": f",sk-{value},", "kv": f",api_key={value},", "bearer": f",Bearer {value},"}[form]
+    limit = 2000
+    filler = "x" * 20_000  # forces the windowed path, and offers no break to align the cut on
+    if where == "head":
+        body = "y" * (limit // 3 + shift) + planted + filler
+    else:
+        body = filler + planted + "y" * (limit - limit // 3 + shift)
+    excerpt = bounded_excerpt(body.encode() if as_bytes else body, limit)
+    assert len(excerpt) <= limit + MAX_MARKER_CHARS
+    for start in range(0, len(value) - 5):
+        assert value[start : start + 6] not in excerpt
+
+
+@pytest.mark.parametrize("as_bytes", [False, True])
+def test_exactly_limit_is_whole_and_one_more_is_elided(as_bytes: bool) -> None:
+    for limit in (1, 2, 3, 10, 2000):
+        whole = "é" * limit
+        content = whole.encode() if as_bytes else whole
+        assert bounded_excerpt(content, limit) == whole
+        longer = "é" * (limit + 1)
+        excerpt = bounded_excerpt(longer.encode() if as_bytes else longer, limit)
+        ((count, _),) = _MARKER_RE.findall(excerpt)
+        assert int(count) == 1
+        assert len(excerpt) - len(_MARKER_RE.search(excerpt).group(0)) == limit  # type: ignore[union-attr]

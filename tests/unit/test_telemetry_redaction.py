@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from gym_obs.telemetry import names
 from gym_obs.telemetry.redaction import (
     REDACTED,
     REDACTED_USERINFO,
@@ -280,3 +281,50 @@ def test_scrub_headers_redacts_sensitive_values_and_scrubs_the_rest() -> None:
         "Content-Type": "application/json",
         "Referer": f"https://{REDACTED_USERINFO}@site/x",
     }
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("http://[fe80::1%25eth0]:8080/p?q", "http://[fe80::1%25eth0]:8080/p"),
+        ("http://user:p@ss@host:1/p", f"http://{REDACTED_USERINFO}@host:1/p"),  # '@' inside the password
+        ("http://user:p%40ss@host/p%2Fq%20r?x", f"http://{REDACTED_USERINFO}@host/p%2Fq%20r"),
+        ("http://h/a;jsessionid=1/b;v=2?q", "http://h/a;jsessionid=1/b;v=2"),  # path params are path
+        ("http://h", "http://h"),
+        ("http://h:9/", "http://h:9/"),
+        ("http://:secret@h/", f"http://{REDACTED_USERINFO}@h/"),
+        ("https://h/p/?", "https://h/p/"),
+        ("https://h/p#", "https://h/p"),
+        ("ws://h:1/socket?token=x", "ws://h:1/socket"),
+    ],
+)
+def test_redact_url_odd_but_valid_urls(url: str, expected: str) -> None:
+    assert redact_url(url) == expected
+
+
+def test_redact_url_accepts_bytes_and_url_objects() -> None:
+    from yarl import URL
+
+    assert redact_url(b"http://u:p@h/x?k=v") == f"http://{REDACTED_USERINFO}@h/x"  # type: ignore[arg-type]
+    assert redact_url(bytearray(b"http://h/x#f")) == "http://h/x"  # type: ignore[arg-type]
+    assert redact_url(memoryview(b"/p?x")) == "/p"  # type: ignore[arg-type]
+    assert redact_url(URL("http://u:p@h:1/x?k=v#f")) == f"http://{REDACTED_USERINFO}@h:1/x"  # type: ignore[arg-type]
+    for value in (b"\xff\xfe", None, 42, 1.5, object(), b"", [b"http://u:p@h/"]):
+        assert redact_url(value) == URL_PLACEHOLDER  # type: ignore[arg-type]
+
+
+def test_a_backslash_in_the_authority_is_not_trusted() -> None:
+    # Browsers read "\\" as "/", so the host is "h" and "@evil" is path; parsers disagree: do not guess.
+    assert redact_url("http://h\\@evil.example/x") == URL_PLACEHOLDER
+    assert "hunter2" not in scrub_text("see http://u:hunter2\\@evil.example/x")
+
+
+@given(st.binary(max_size=200))
+def test_redact_url_never_raises_on_bytes(value: bytes) -> None:
+    result = redact_url(value)  # type: ignore[arg-type]
+    assert isinstance(result, str) and "?" not in result and "#" not in result
+
+
+def test_the_session_token_header_is_never_recorded() -> None:
+    assert names.SESSION_HEADER.lower() in SENSITIVE_HEADERS
+    assert scrub_headers({names.SESSION_HEADER: "tok.sig"}) == {names.SESSION_HEADER: REDACTED}

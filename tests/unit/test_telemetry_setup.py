@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -461,3 +462,329 @@ def test_setup_after_a_capture_exports_through_its_own_provider() -> None:
     assert result.returncode == 0, result.stderr
     assert "OWN True True" in result.stdout
     assert '"name": "AFTER"' in result.stdout
+
+
+# --- audit additions: samplers, precedence, concurrency, black holes, a garbage environment ---------------
+
+
+def _sampler_description(env: dict[str, str], config: TelemetryConfig | None = None) -> str:
+    from gym_obs.telemetry.setup import _sampler
+
+    settings = resolve_settings(config or TelemetryConfig(), {"GYM_OBS_TELEMETRY": "1", **env})
+    return _sampler(settings).get_description()
+
+
+@pytest.mark.parametrize(
+    ("env", "description"),
+    [
+        ({}, "ParentBased{root:AlwaysOnSampler"),
+        ({"OTEL_TRACES_SAMPLER": "always_on"}, "AlwaysOnSampler"),
+        ({"OTEL_TRACES_SAMPLER": "always_off"}, "AlwaysOffSampler"),
+        (
+            {"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.25"},
+            "TraceIdRatioBased{0.25}",
+        ),
+        ({"OTEL_TRACES_SAMPLER": "traceidratio"}, "TraceIdRatioBased{1.0}"),
+        ({"OTEL_TRACES_SAMPLER": "parentbased_always_on"}, "ParentBased{root:AlwaysOnSampler"),
+        ({"OTEL_TRACES_SAMPLER": "parentbased_always_off"}, "ParentBased{root:AlwaysOffSampler"),
+        (
+            {"OTEL_TRACES_SAMPLER": "PARENTBASED_TRACEIDRATIO", "OTEL_TRACES_SAMPLER_ARG": "0"},
+            "ParentBased{root:TraceIdRatioBased{0.0}",
+        ),
+        ({"OTEL_TRACES_SAMPLER": "always_on", "OTEL_TRACES_SAMPLER_ARG": "junk"}, "AlwaysOnSampler"),
+    ],
+)
+def test_sampler_from_the_environment(env: dict[str, str], description: str) -> None:
+    assert _sampler_description(env).startswith(description)
+
+
+@pytest.mark.parametrize("arg", ["junk", "-0.1", "1.5", "nan", "inf", "", "0.5.5", "\udcff"])
+def test_bad_sampler_arg_samples_everything_and_says_so(arg: str) -> None:
+    env = {"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": arg}
+    settings = resolve_settings(TelemetryConfig(), {"GYM_OBS_TELEMETRY": "1", **env})
+    assert settings.sampler == "traceidratio" and settings.sampler_ratio == 1.0
+    if arg:
+        assert any("OTEL_TRACES_SAMPLER_ARG" in p and "not a ratio" in p for p in settings.problems)
+
+
+def test_config_sampler_beats_the_environment() -> None:
+    env = {"OTEL_TRACES_SAMPLER": "always_on", "OTEL_TRACES_SAMPLER_ARG": "0.9"}
+    config = TelemetryConfig(sampler="parentbased_traceidratio", sampler_arg="0.1")
+    assert _sampler_description(env, config).startswith("ParentBased{root:TraceIdRatioBased{0.1}")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "env_name", "env_value", "attribute", "expected"),
+    [
+        ("otlp_protocol", "grpc", "OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf", "otlp_traces", "grpc"),
+        ("metric_export_interval_ms", 1234, "OTEL_METRIC_EXPORT_INTERVAL", "999", "", 1234),
+        ("prometheus_host", "10.0.0.1", "OTEL_EXPORTER_PROMETHEUS_HOST", "0.0.0.0", "", "10.0.0.1"),
+        ("prometheus_port", 0, "OTEL_EXPORTER_PROMETHEUS_PORT", "9999", "", 0),
+        ("metrics_exporter", "console", "OTEL_METRICS_EXPORTER", "prometheus", "", ("console",)),
+        ("traces_exporter", "none", "OTEL_TRACES_EXPORTER", "console", "", ()),
+        ("enabled", False, "GYM_OBS_TELEMETRY", "1", "", False),
+        ("enabled", True, "OTEL_SDK_DISABLED", "true", "", True),
+    ],
+)
+def test_each_explicit_setting_beats_its_environment_variable(
+    field: str, value: object, env_name: str, env_value: str, attribute: str, expected: object
+) -> None:
+    env = {"GYM_OBS_TELEMETRY": "1", env_name: env_value}
+    settings = resolve_settings(TelemetryConfig(**{field: value}), env)  # type: ignore[arg-type]
+    actual = {
+        "otlp_protocol": lambda: settings.otlp_traces.protocol if settings.otlp_traces else None,
+        "metric_export_interval_ms": lambda: settings.metric_export_interval_ms,
+        "prometheus_host": lambda: settings.prometheus_host,
+        "prometheus_port": lambda: settings.prometheus_port,
+        "metrics_exporter": lambda: settings.metrics_exporters,
+        "traces_exporter": lambda: settings.traces_exporters,
+        "enabled": lambda: settings.enabled,
+    }[field]()
+    assert actual == expected
+
+
+def test_environment_beats_defaults_for_the_span_schedule_delay() -> None:
+    assert resolve_settings(TelemetryConfig(enabled=True), {}).span_schedule_delay_ms == 5000
+    on = resolve_settings(TelemetryConfig(enabled=True), {"OTEL_BSP_SCHEDULE_DELAY": "50"})
+    assert on.span_schedule_delay_ms == 50
+    bad = resolve_settings(TelemetryConfig(enabled=True), {"OTEL_BSP_SCHEDULE_DELAY": "soon"})
+    assert bad.span_schedule_delay_ms == 5000
+    assert any("OTEL_BSP_SCHEDULE_DELAY='soon'" in p for p in bad.problems)
+
+
+def test_setup_from_eight_threads_at_once_installs_one_set_of_providers() -> None:
+    code = """
+        import logging, threading
+        logging.basicConfig(level=logging.INFO)
+        from opentelemetry import metrics, trace
+        from gym_obs.telemetry.setup import setup_telemetry
+        barrier = threading.Barrier(8)
+        handles = []
+        def run(i):
+            barrier.wait()
+            handles.append(setup_telemetry(f"server{i}", "type"))
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        first = handles[0]
+        print("HANDLES", len({id(h) for h in handles}), all(h.enabled for h in handles))
+        print("GLOBAL", trace.get_tracer_provider() is first.tracer_provider,
+              metrics.get_meter_provider() is first.meter_provider)
+        print("SHUTDOWN", first.shutdown(2.0))
+    """
+    env = {"GYM_OBS_TELEMETRY": "1", "OTEL_TRACES_EXPORTER": "console", "OTEL_METRICS_EXPORTER": "console"}
+    result = run_python(code, env)
+    assert result.returncode == 0, result.stderr
+    assert "HANDLES 1 True" in result.stdout
+    assert "GLOBAL True True" in result.stdout
+    assert result.stderr.count("telemetry on for") == 1
+
+
+@pytest.mark.parametrize(("protocol", "port"), [("http/protobuf", 20050), ("grpc", 20051)])
+def test_shutdown_is_bounded_against_a_black_holed_collector(protocol: str, port: int) -> None:
+    code = f"""
+        import socket, time
+        hole = socket.socket()
+        hole.bind(("127.0.0.1", {port}))
+        hole.listen(64)  # accepts connections (kernel backlog) and never answers
+        from gym_obs.telemetry.setup import setup_telemetry
+        from gym_obs.telemetry.spans import client_span
+        from gym_obs.telemetry._state import STATE
+        handle = setup_telemetry("blackhole")
+        started = time.perf_counter()
+        for _ in range(500):
+            with client_span("GET"):
+                STATE.instruments.client_retries.add(1)
+        print("PER_SPAN_US", (time.perf_counter() - started) / 500 * 1e6)
+        time.sleep(0.3)  # let the exporters get stuck on the black hole
+        started = time.perf_counter()
+        print("SHUTDOWN", handle.shutdown(timeout_s=1.0))
+        print("SHUTDOWN_S", time.perf_counter() - started)
+        print("ENABLED_AFTER", STATE.enabled)
+    """
+    env = {
+        "GYM_OBS_TELEMETRY": "1",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+        "OTEL_METRIC_EXPORT_INTERVAL": "100",
+        "OTEL_BSP_SCHEDULE_DELAY": "20",
+    }
+    started = time.perf_counter()
+    result = run_python(code, env)
+    elapsed = time.perf_counter() - started
+    assert result.returncode == 0, result.stderr
+    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    assert float(lines["PER_SPAN_US"]) < 1000
+    assert lines["SHUTDOWN"] == "False"  # nothing was delivered, and the handle says so
+    assert float(lines["SHUTDOWN_S"]) < 1.0 + 1.0
+    assert lines["ENABLED_AFTER"] == "False"
+    assert elapsed < 30  # the interpreter exits too: no exporter thread keeps it alive
+    assert "did not finish in time" in result.stderr
+
+
+_OTEL_GARBAGE_VARS = [
+    "OTEL_SERVICE_NAME",
+    "OTEL_RESOURCE_ATTRIBUTES",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_PROTOCOL",
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+    "OTEL_EXPORTER_OTLP_HEADERS",
+    "OTEL_EXPORTER_OTLP_TIMEOUT",
+    "OTEL_EXPORTER_OTLP_COMPRESSION",
+    "OTEL_TRACES_EXPORTER",
+    "OTEL_METRICS_EXPORTER",
+    "OTEL_TRACES_SAMPLER",
+    "OTEL_TRACES_SAMPLER_ARG",
+    "OTEL_METRIC_EXPORT_INTERVAL",
+    "OTEL_METRIC_EXPORT_TIMEOUT",
+    "OTEL_EXPORTER_PROMETHEUS_HOST",
+    "OTEL_EXPORTER_PROMETHEUS_PORT",
+    "OTEL_BSP_SCHEDULE_DELAY",
+    "OTEL_BSP_MAX_QUEUE_SIZE",
+    "OTEL_BSP_EXPORT_TIMEOUT",
+    "OTEL_SDK_DISABLED",
+    "OTEL_PROPAGATORS",
+    "OTEL_PYTHON_CONTEXT",
+    "OTEL_PYTHON_TRACER_PROVIDER",
+    "OTEL_PYTHON_METER_PROVIDER",
+    "OTEL_METRICS_EXEMPLAR_FILTER",
+    "OTEL_ATTRIBUTE_COUNT_LIMIT",
+    "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT",
+    "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT",
+    "OTEL_SPAN_EVENT_COUNT_LIMIT",
+    "OTEL_SPAN_LINK_COUNT_LIMIT",
+    "OTEL_EVENT_ATTRIBUTE_COUNT_LIMIT",
+    "OTEL_LINK_ATTRIBUTE_COUNT_LIMIT",
+    "GYM_OBS_RUN_ID",
+    "GYM_OBS_TRACE_PROPAGATION_TARGETS",
+]
+_GARBAGE = "-1,\udcff\udcfe ;=,"  # negative, comma-split, '=', a lone surrogate (undecodable bytes)
+
+_USE_EVERYTHING = """
+    import gym_obs
+    from gym_obs.telemetry.logging import configure_logging, get_logger
+    from gym_obs.telemetry.propagation import inject_trace_headers
+    from gym_obs.telemetry.setup import setup_telemetry
+    from gym_obs.telemetry.spans import client_span
+    from gym_obs.telemetry._state import STATE
+    from opentelemetry import metrics, trace
+    configure_logging()
+    handle = setup_telemetry("garbage")
+    trace.get_tracer_provider()
+    metrics.get_meter_provider()
+    with client_span("GET"):
+        headers = {}
+        inject_trace_headers(headers)
+        if STATE.instruments is not None:
+            STATE.instruments.client_retries.add(1)
+        get_logger("garbage").info("still running")
+    print("ALIVE", handle.enabled)
+    handle.shutdown(1.0)
+"""
+
+
+@pytest.mark.parametrize("name", _OTEL_GARBAGE_VARS)
+def test_each_variable_with_garbage_keeps_the_process_alive(name: str) -> None:
+    env = {
+        "GYM_OBS_TELEMETRY": "1",
+        "OTEL_TRACES_EXPORTER": "console",
+        "OTEL_METRICS_EXPORTER": "none",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:20052",
+        name: _GARBAGE,
+    }
+    result = run_python(_USE_EVERYTHING, env)  # surrogates reach the child as the raw bytes 0xff 0xfe
+    assert result.returncode == 0, result.stderr
+    assert "ALIVE" in result.stdout
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("OTEL_PROPAGATORS", "tracecontext,nosuchpropagator"),
+        ("OTEL_PROPAGATORS", "tracecontext,"),
+        ("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "-1"),
+        ("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "lots"),
+        ("OTEL_PYTHON_TRACER_PROVIDER", "nosuchprovider"),
+        ("OTEL_PYTHON_METER_PROVIDER", ""),
+        ("OTEL_PYTHON_CONTEXT", "nosuchcontext"),
+        ("OTEL_METRICS_EXEMPLAR_FILTER", "sometimes"),
+    ],
+)
+def test_values_the_sdk_would_raise_on_are_repaired_and_reported(name: str, value: str) -> None:
+    for enabled in ("1", "0"):  # the SDK would raise at import, so this matters with telemetry off too
+        result = run_python(
+            _USE_EVERYTHING,
+            {
+                "GYM_OBS_TELEMETRY": enabled,
+                "OTEL_TRACES_EXPORTER": "console",
+                "OTEL_METRICS_EXPORTER": "console",
+                name: value,
+            },
+        )
+        assert result.returncode == 0, result.stderr
+        assert f"ALIVE {enabled == '1'}" in result.stdout
+        assert "Traceback" not in result.stderr
+        assert name in result.stderr  # said what was wrong
+
+
+def test_sdk_environment_repair_is_pure_on_a_given_mapping() -> None:
+    from gym_obs.telemetry._sdk_env import repair_sdk_environment
+
+    env = {
+        "OTEL_PROPAGATORS": "tracecontext,b3nope,baggage",
+        "OTEL_SPAN_EVENT_COUNT_LIMIT": " 12 ",
+        "OTEL_SPAN_LINK_COUNT_LIMIT": "",
+        "OTEL_LINK_ATTRIBUTE_COUNT_LIMIT": "-3",
+        "OTEL_METRICS_EXEMPLAR_FILTER": "trace_based",
+    }
+    problems = repair_sdk_environment(env)
+    assert env == {
+        "OTEL_PROPAGATORS": "tracecontext,baggage",
+        "OTEL_SPAN_EVENT_COUNT_LIMIT": " 12 ",
+        "OTEL_SPAN_LINK_COUNT_LIMIT": "",
+        "OTEL_METRICS_EXEMPLAR_FILTER": "trace_based",
+    }
+    assert len(problems) == 2
+    assert repair_sdk_environment({"OTEL_PROPAGATORS": "none"}) == []
+
+
+def test_undecodable_run_id_does_not_break_export() -> None:
+    code = """
+        from gym_obs.telemetry.setup import setup_telemetry
+        from gym_obs.telemetry.spans import client_span
+        handle = setup_telemetry("surrogates")
+        with client_span("GET"):
+            pass
+        print("FLUSH", handle.force_flush(3.0))
+        handle.shutdown(1.0)
+    """
+    env = {"GYM_OBS_TELEMETRY": "1", "OTEL_TRACES_EXPORTER": "console", "OTEL_METRICS_EXPORTER": "none"}
+    result = run_python(code, {**env, "GYM_OBS_RUN_ID": "run-\udcff\udcfe"})  # undecodable bytes
+    assert result.returncode == 0, result.stderr
+    assert '"name": "GET"' in result.stdout
+    assert '"gym.run.id": "run-' in result.stdout
+    assert "Traceback" not in result.stderr
+
+
+def test_odd_arguments_never_raise() -> None:
+    code = """
+        from gym_obs.telemetry.setup import setup_telemetry
+        bad = setup_telemetry("x", config={"enabld": True})  # a typo in a YAML mapping
+        print("BAD", bad.enabled, "enabld" in bad.problems[0])
+        odd = setup_telemetry(None, 5)  # wrong types from an untyped caller
+        print("ODD", type(odd).__name__)
+        good = setup_telemetry("x", config={"enabled": True, "traces_exporter": "console",
+                                            "metrics_exporter": "none"})
+        print("GOOD", good.enabled)
+        good.shutdown(1.0)
+    """
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    assert "BAD False True" in result.stdout
+    assert "ODD TelemetryHandle" in result.stdout
+    assert "GOOD True" in result.stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Generator
 
 import pytest
 from opentelemetry import trace
@@ -181,3 +182,64 @@ def test_capture_uses_the_global_sdk_providers(telemetry: Capture) -> None:
     with trace.get_tracer("third-party").start_as_current_span("server-side"):
         pass
     assert [s.name for s in telemetry.spans()] == ["server-side"]
+
+
+def test_any_attribute_holding_a_url_loses_credentials_and_query(telemetry: Capture) -> None:
+    with client_span(
+        "GET",
+        **{
+            "http.url": "http://u:p@h/y?token=2",  # the old semconv name
+            "note": "called https://a:b@h/?q=1 then gave up",
+            names.ATTR_SERVER_ADDRESS: "h",
+        },
+    ):
+        pass
+    (finished,) = telemetry.spans()
+    attributes = dict(finished.attributes or {})
+    assert attributes["http.url"] == f"http://{REDACTED_USERINFO}@h/y"
+    assert attributes["note"] == f"called https://{REDACTED_USERINFO}@h/ then gave up"
+    assert attributes[names.ATTR_SERVER_ADDRESS] == "h"
+
+
+def test_span_ends_on_every_way_out_of_the_block(telemetry: Capture) -> None:
+    def generator() -> Generator[int, None, None]:
+        with client_span("GENERATOR"):
+            yield 1
+
+    gen = generator()
+    next(gen)
+    gen.close()
+    with pytest.raises(KeyboardInterrupt), client_span("INTERRUPTED"):
+        raise KeyboardInterrupt
+    with pytest.raises(ExceptionGroup), client_span("GROUP"):
+        raise ExceptionGroup("many", [ValueError("a"), KeyError("b")])
+    with client_span("RETURNED"):
+        pass
+    spans = {s.name: s for s in telemetry.spans()}
+    assert set(spans) == {"GENERATOR", "INTERRUPTED", "GROUP", "RETURNED"}
+    assert all(s.end_time is not None for s in spans.values())
+    assert spans["GROUP"].status.status_code is StatusCode.ERROR
+    assert dict(spans["GROUP"].attributes or {})[names.ATTR_ERROR_TYPE] == "ExceptionGroup"
+    assert spans["RETURNED"].status.status_code is StatusCode.UNSET
+    assert trace.get_current_span() is INVALID_SPAN or not trace.get_current_span().is_recording()
+
+
+async def test_cancelling_a_task_inside_nested_spans_ends_both_without_error(telemetry: Capture) -> None:
+    started = asyncio.Event()
+
+    async def work() -> None:
+        with client_span("OUTER"), client_span("INNER"):
+            started.set()
+            await asyncio.sleep(30)
+
+    task = asyncio.create_task(work())
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    spans = {s.name: s for s in telemetry.spans()}
+    assert set(spans) == {"OUTER", "INNER"}
+    for span in spans.values():
+        assert span.end_time is not None
+        assert span.status.status_code is StatusCode.UNSET
+        assert names.ATTR_ERROR_TYPE not in (span.attributes or {})

@@ -1,7 +1,8 @@
 """The attempt loop of ``request()``: send, classify a failure, decide, back off, send again.
 
-Shared by the telemetry-off and telemetry-on paths; the latter passes a recorder (``_telemetry``) that
-turns each attempt into a duration point, a span event and, for a retry, a counter increment.
+One loop for every path (telemetry off or on, first attempt or retry), so that there is exactly one place
+where a request is sent. With telemetry on, a recorder (``_telemetry``) turns each attempt into a duration
+point, a failed one into a span event and a retry into a counter increment.
 """
 
 from __future__ import annotations
@@ -14,7 +15,15 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from gym_obs.client._retry import Policy, RetryTracker, TransportFailure, _Failure, classify_failure
+from gym_obs.client._retry import (
+    Policy,
+    RetryArgs,
+    RetryTracker,
+    TransportFailure,
+    _Failure,
+    classify_failure,
+    policy_for,
+)
 from gym_obs.telemetry.logging import get_logger
 from gym_obs.telemetry.redaction import redact_url
 
@@ -22,7 +31,7 @@ if TYPE_CHECKING:
     from gym_obs.client._sessions import _Pool
     from gym_obs.client._telemetry import Recorder
 
-__all__ = ["TransportFailureHook", "needs_upload_tracking", "send_with_retries"]
+__all__ = ["TransportFailureHook", "send_with_retries"]
 
 TransportFailureHook = Callable[[TransportFailure], object]
 """Called with every failed attempt (sync or async); its errors are logged, never raised."""
@@ -62,79 +71,76 @@ async def _call_hook(hook: TransportFailureHook, failure: TransportFailure) -> N
         _log.warning("transport_failure_hook_failed", destination=failure.destination, exc_info=True)
 
 
-def needs_upload_tracking(policy_resend: bool, traced: bool, kwargs: dict[str, Any]) -> bool:
-    """Whether attempts need aiohttp's UploadTracker: to honour ``_resend_after_disconnect=False``, or
-    to report ``gym.http.body_uploaded`` precisely for a request with a body while telemetry is on."""
-    return _UploadTracker is not None and (not policy_resend or (traced and kwargs.get("data") is not None))
-
-
 async def send_with_retries(
     pool: _Pool,
     method: str,
     url: Any,
     kwargs: dict[str, Any],
-    policy: Policy,
+    retry_args: RetryArgs,
     read_body: bool,
     hook: TransportFailureHook | None,
     recorder: Recorder | None,
-    first_error: Exception | None = None,
-    started: float | None = None,
-    first_t0: float = 0.0,
 ) -> aiohttp.ClientResponse:
-    """Run attempts until one returns a response or the policy says stop.
+    """Run attempts until one returns a response or the retry policy says stop.
 
-    ``first_error``: the caller already made attempt 1 inline (started at ``started``, the time the
-    request began, and ``first_t0``, the attempt's start; both ``time.perf_counter()``) and it failed
-    with this error. ``recorder`` set means telemetry is on.
+    The one attempt loop of ``request()``, telemetry on (``recorder`` set) or off. Attempt 1 costs what
+    a bare aiohttp call costs: the policy, the retry bookkeeping and the redacted destination are built
+    only after a failure.
     """
-    retry = RetryTracker(method, "")
-    start = _perf_counter() if started is None else started
-    err: Exception | None = first_error
+    # aiohttp's UploadTracker: to honour ``_resend_after_disconnect=False``, or to report
+    # ``gym.http.body_uploaded`` precisely for a request with a body while telemetry is on.
+    track_upload = _UploadTracker is not None and (
+        not retry_args[3] or (recorder is not None and kwargs.get("data") is not None)
+    )
+    start = _perf_counter()
+    attempt = 0
+    retry: RetryTracker | None = None
+    policy: Policy | None = None
     tracker: Any = None
-    t0 = first_t0
-    if err is not None:
-        retry.attempts = 1
-    track_upload = needs_upload_tracking(policy.resend_after_disconnect, recorder is not None, kwargs)
     while True:
-        if err is None:
-            retry.attempts += 1
+        attempt += 1
+        if recorder is None:
+            session = pool.plain
+        else:
+            recorder.attempts = attempt
+            session = pool.for_attempt()
+        if track_upload:
+            tracker = kwargs["upload_tracker"] = _UploadTracker()
+        t0 = _perf_counter() if recorder is not None else start
+        try:
+            response = await session.request(method, url, **kwargs)
+            if read_body and response.status < 400:
+                try:
+                    await response.read()
+                except BaseException:
+                    response.close()
+                    raise
+        except Exception as exc:
+            err: Exception = exc
+        else:
             if recorder is not None:
-                recorder.attempts = retry.attempts
-            if track_upload:
-                tracker = kwargs["upload_tracker"] = _UploadTracker()
-            session = pool.plain if recorder is None else pool.for_attempt()
-            t0 = _perf_counter()
-            try:
-                response = await session.request(method, url, **kwargs)
-                if read_body and response.status < 400:
-                    try:
-                        await response.read()
-                    except BaseException:
-                        response.close()
-                        raise
-            except Exception as exc:
-                err = exc
-            else:
-                if recorder is not None:
-                    recorder.attempt_ok(response, t0)
-                if retry.retries:
-                    retry.log_end("recovered", _perf_counter() - start)
-                return response
+                recorder.attempt_ok(response, t0)
+            if retry is not None:
+                retry.attempts = attempt
+                retry.log_end("recovered", _perf_counter() - start)
+            return response
 
+        if retry is None or policy is None:
+            retry = RetryTracker(method, redact_url(str(url)))
+            policy = policy_for(retry_args)
+        retry.attempts = attempt
         failure = classify_failure(err)
         uploaded = await _body_uploaded(failure, tracker)
         elapsed = _perf_counter() - start
         decision = retry.decide(failure, uploaded, elapsed, policy)
-        if not retry.destination:
-            retry.destination = redact_url(str(url))
         if recorder is not None:
-            recorder.attempt_failed(err, t0, retry.attempts, failure, decision.backoff_s, uploaded)
+            recorder.attempt_failed(err, t0, attempt, failure, decision.backoff_s, uploaded)
         if hook is not None and failure is not None:
             await _call_hook(
                 hook,
                 TransportFailure(
                     error=err,
-                    attempt=retry.attempts,
+                    attempt=attempt,
                     reason=failure.reason,
                     body_uploaded=uploaded,
                     will_retry=decision.retry,
@@ -144,7 +150,7 @@ async def send_with_retries(
                 ),
             )
         if not decision.retry:
-            if decision.exhausted_by is not None and retry.attempts > 1:
+            if decision.exhausted_by is not None and attempt > 1:
                 exhausted = retry.exhausted_error(decision, err, elapsed)
                 retry.log_end("gave_up", elapsed, limit=decision.exhausted_by)
                 raise exhausted from err
@@ -154,5 +160,5 @@ async def send_with_retries(
         retry.log_retry(err, failure.reason, decision.backoff_s, elapsed)
         if recorder is not None:
             recorder.retried(failure.reason)
-        err = None
+        del err
         await asyncio.sleep(decision.backoff_s)

@@ -23,13 +23,16 @@ import aiohttp
 
 from gym_obs.telemetry import names
 from gym_obs.telemetry._state import STATE
+from gym_obs.telemetry.logging import get_logger
+from gym_obs.telemetry.redaction import redact_url, scrub_headers, scrub_text
 
 if TYPE_CHECKING:
     from gym_obs.telemetry.metrics import Instruments
 
-__all__ = ["ConnectionsGauge", "pool_trace_config", "sync_pool_connections"]
+__all__ = ["ConnectionsGauge", "pool_trace_config", "request_debug_trace_config", "sync_pool_connections"]
 
 _perf_counter = time.perf_counter
+_debug_log = get_logger("gym_obs.client.debug")
 _MAX_CACHED_LABELS: Final = 1024
 
 # (server name, pool) -> attributes of the pending counter; (server name, pool, outcome) -> wait attributes.
@@ -167,6 +170,65 @@ def pool_trace_config(pool: str = names.POOL_DATA) -> aiohttp.TraceConfig:
     config.on_connection_queued_end.append(_on_queued_end)
     config.on_request_end.append(_on_request_end)
     config.on_request_exception.append(_on_request_exception)
+    return config
+
+
+# --- global_aiohttp_client_request_debug --------------------------------------------------------------
+
+
+class _DebugState(SimpleNamespace):
+    started: float = 0.0
+
+    def __init__(self, trace_request_ctx: object = None) -> None:
+        self.trace_request_ctx = trace_request_ctx
+
+
+def _debug_fields(
+    params: aiohttp.TraceRequestEndParams | aiohttp.TraceRequestExceptionParams,
+) -> dict[str, object]:
+    return {
+        "method": params.method,
+        "url": redact_url(str(params.url)),
+        "request_headers": scrub_headers(dict(params.headers)),
+    }
+
+
+async def _debug_start(
+    session: aiohttp.ClientSession, ctx: SimpleNamespace, params: aiohttp.TraceRequestStartParams
+) -> None:
+    ctx.started = _perf_counter()
+
+
+async def _debug_end(
+    session: aiohttp.ClientSession, ctx: SimpleNamespace, params: aiohttp.TraceRequestEndParams
+) -> None:
+    _debug_log.info(
+        "client_request_debug",
+        status=params.response.status,
+        elapsed_s=round(_perf_counter() - getattr(ctx, "started", 0.0), 6),
+        **_debug_fields(params),
+    )
+
+
+async def _debug_exception(
+    session: aiohttp.ClientSession, ctx: SimpleNamespace, params: aiohttp.TraceRequestExceptionParams
+) -> None:
+    _debug_log.info(
+        "client_request_debug",
+        error=f"{type(params.exception).__qualname__}: {scrub_text(str(params.exception))[:300]}",
+        elapsed_s=round(_perf_counter() - getattr(ctx, "started", 0.0), 6),
+        **_debug_fields(params),
+    )
+
+
+def request_debug_trace_config() -> aiohttp.TraceConfig:
+    """``global_aiohttp_client_request_debug=True``: one log line per HTTP exchange (every attempt:
+    method, redacted URL, scrubbed request headers, status or error, elapsed). Added to the sessions only
+    when the flag is set, so it costs nothing otherwise."""
+    config = aiohttp.TraceConfig(trace_config_ctx_factory=_DebugState)
+    config.on_request_start.append(_debug_start)
+    config.on_request_end.append(_debug_end)
+    config.on_request_exception.append(_debug_exception)
     return config
 
 

@@ -161,7 +161,10 @@ def _make_pool(name: PoolName) -> _Pool:
             s._retry_connection = False
         return s
 
-    pool = _Pool(name, connector, session(None), session([_pool_trace.pool_trace_config(name)]))
+    debug = [_pool_trace.request_debug_trace_config()] if cfg.global_aiohttp_client_request_debug else []
+    pool = _Pool(
+        name, connector, session(debug or None), session([*debug, _pool_trace.pool_trace_config(name)])
+    )
     _pool_trace.register_connector(connector, name)
     return pool
 

@@ -7,7 +7,6 @@ telemetry is off: ``request()`` checks ``STATE.enabled`` once and takes the plai
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import TYPE_CHECKING, Any, Final
 
@@ -18,8 +17,8 @@ from opentelemetry import trace
 from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode, Tracer
 from yarl import URL
 
-from gym_obs.client._attempts import TransportFailureHook, needs_upload_tracking, send_with_retries
-from gym_obs.client._retry import RetriesExhaustedError, RetryArgs, _Failure, policy_for
+from gym_obs.client._attempts import TransportFailureHook, send_with_retries
+from gym_obs.client._retry import RetriesExhaustedError, RetryArgs, _Failure
 from gym_obs.telemetry import names
 from gym_obs.telemetry._state import STATE
 from gym_obs.telemetry.bodies import bounded_excerpt
@@ -98,7 +97,7 @@ class _Destination:
 _SPAN: Final = "span"
 _DESTINATIONS: dict[str, _Destination] = {}
 _URLS: dict[str, tuple[_Destination, str]] = {}
-# (url, span name, server name, status) -> final attributes of a span written in one go
+# (url, method, span name, server name, status) -> final attributes of a span written in one go
 _FINAL_ATTRS: dict[tuple[Any, ...], dict[str, Any]] = {}
 _RETRY_ATTRS: dict[tuple[str, str], dict[str, str]] = {}
 
@@ -160,19 +159,28 @@ def _set_status(span: Span, status: int) -> None:
 
 
 class Recorder:
-    """Turns attempts into telemetry: a duration point each, a span event per failure, a retry count."""
+    """Turns attempts into telemetry: a duration point each, a span event per failure, a retry count.
+
+    A failure opens the request's span (if it is not open yet) and makes it current, so that the retry
+    log lines and the transport-failure hook that follow carry its ids.
+    """
 
     __slots__ = ("attempts", "dest", "instruments", "method", "server_name", "span")
 
     def __init__(
-        self, span: Span, instruments: Instruments | None, method: str, dest: _Destination, server_name: str
+        self,
+        span: _RequestSpan | None,
+        instruments: Instruments | None,
+        method: str,
+        dest: _Destination,
+        server_name: str,
     ) -> None:
         self.span = span
         self.instruments = instruments
         self.method = method
         self.dest = dest
         self.server_name = server_name
-        self.attempts = 0
+        self.attempts = 0  # attempts started so far (the send loop keeps it current)
 
     def attempt_ok(self, response: aiohttp.ClientResponse, t0: float) -> None:
         inst = self.instruments
@@ -196,7 +204,9 @@ class Recorder:
             inst.client_request_duration.record(
                 _perf_counter() - t0, self.dest.attributes(self.method, self.server_name, error_type)
             )
-        span = self.span
+        if self.span is None:
+            return
+        span = self.span.open()
         if span.is_recording():
             event: dict[str, Any] = {
                 names.ATTR_ATTEMPT: attempt,
@@ -222,20 +232,36 @@ def _copy_headers(headers: Any) -> CIMultiDict[str]:
     return CIMultiDict(headers)
 
 
-class _SpanState:
-    """The request's span, opened at the start when trace context is sent, else as late as possible."""
+class _RequestSpan:
+    """The CLIENT span of one logical request, as ``gym_obs.telemetry.spans.client_span`` would write it
+    (redacted ``url.full``, exceptions recorded scrubbed and bounded, cancellation not an error, always
+    ended), inline because this is the hottest path gym_obs has.
 
-    __slots__ = (
-        "dest", "label", "name", "rollout_id", "server", "span", "start_ns", "text", "token", "tracer", "url"
-    )
+    It starts at the request's start time in every case, but is only *opened* (started and made current)
+    when something needs it: a ``traceparent`` that must name it (opened before attempt 1) or a failed
+    attempt (events, correlated retry logs). A request whose first attempt succeeds without either is
+    written in one go at the end (:meth:`end_ok`): the same span, for a fraction of the cost.
+    """
+
+    __slots__ = ("dest", "label", "method", "name", "rollout_id", "server", "span", "start_ns", "text",
+                 "token", "tracer", "url")
 
     def __init__(
-        self, tracer: Tracer, name: str, dest: _Destination, label: str, server: str, text: str, url: str
+        self,
+        tracer: Tracer,
+        name: str,
+        dest: _Destination,
+        method: str,
+        label: str,
+        server: str,
+        text: str,
+        url: str,
     ) -> None:
         self.tracer = tracer
         self.name = name
         self.dest = dest
-        self.label = label
+        self.method = method  # as given
+        self.label = label  # canonical (or _OTHER)
         self.server = server
         self.text = text  # as given (a cache key only)
         self.url = url  # redacted
@@ -247,6 +273,8 @@ class _SpanState:
     def _attributes(self) -> dict[str, Any]:
         base = self.dest.attributes(self.label, self.server, _SPAN)  # cached, never mutated
         attributes = {**base, names.ATTR_URL_FULL: self.url}
+        if self.method != self.label:
+            attributes[names.ATTR_HTTP_REQUEST_METHOD_ORIGINAL] = self.method
         if self.rollout_id is not None:
             attributes[names.ATTR_ROLLOUT_ID] = self.rollout_id
         return attributes
@@ -260,17 +288,36 @@ class _SpanState:
             self.token = otel_context.attach(trace.set_span_in_context(self.span))
         return self.span
 
-    def close(self, attempts: int) -> None:
+    def end_ok(self, status: int, attempts: int) -> None:
+        """The request got a reply: its status; 4xx/5xx make the span an error."""
+        if self.token is None and attempts <= 1:
+            self._write_at_once(status)
+            return
         span = self.open()
+        _set_status(span, status)
+        self._end(span, attempts)
+
+    def end_failed(self, exc: BaseException, attempts: int) -> None:
+        """The request raised. An exception is recorded and makes the span an error, with the last
+        attempt's error type; a cancellation (the caller gave up) only ends it."""
+        span = self.open()
+        if isinstance(exc, Exception):
+            record_exception(span, exc)
+            last = exc.last_error_type if isinstance(exc, RetriesExhaustedError) else _error_type(exc)
+            set_span_error(span, last)
+        self._end(span, attempts)
+
+    def _end(self, span: Span, attempts: int) -> None:
         if attempts > 1:
             span.set_attribute(names.ATTR_HTTP_REQUEST_RESEND_COUNT, attempts - 1)
         otel_context.detach(self.token)  # type: ignore[arg-type]
+        self.token = None
         span.end()
 
-    def finish_unopened(self, status: int) -> None:
-        """A first attempt that succeeded: one span, written at once with its final attributes (the same
-        endpoint answering the same status gets the same, cached, attribute dict)."""
-        key = (self.text, self.name, self.server, status) if self.rollout_id is None else None
+    def _write_at_once(self, status: int) -> None:
+        """Start and end the span with its final attributes (the same endpoint answering the same status
+        gets the same, cached, attribute dict)."""
+        key = (self.text, self.method, self.name, self.server, status) if self.rollout_id is None else None
         attributes = _FINAL_ATTRS.get(key) if key is not None else None
         if attributes is None:
             attributes = self._attributes()
@@ -302,15 +349,8 @@ async def traced_request(
 ) -> aiohttp.ClientResponse:
     """The request as one CLIENT span, retries included, ``traceparent`` injected when allowed.
 
-    The span follows ``gym_obs.telemetry.spans.client_span`` (redacted ``url.full``, exceptions recorded
-    scrubbed and bounded, cancellation not an error, always ended), written out inline because this is the
-    hottest path gym_obs has. When trace context is sent, the span is started first and is current for the
-    whole request (the ``traceparent`` must name it). When it is not (a host off the allow-list), nothing
-    can observe the span while attempt 1 is in flight, so it is started only when something needs it (a
-    failure: events, retry logs) or, for a first attempt that succeeds, written at the end in one go with
-    the request's start time: the same span for a fraction of the cost. Like the telemetry-off path,
-    attempt 1 runs inline and the retry machinery starts only after a failure (or from the start when
-    uploads must be tracked).
+    The attempts run in the same loop as with telemetry off (``send_with_retries``); this adds the span
+    around them, the propagation headers and a recorder for per-attempt metrics and events.
     """
     text = url if isinstance(url, str) else str(url)
     cached = _URLS.get(text)
@@ -319,75 +359,28 @@ async def traced_request(
     dest, redacted = cached
     label = method if method in _KNOWN_METHODS else _method_label(method)
     server = server_name or names.EXTERNAL_SERVER_NAME
-    instruments = STATE.instruments
     tracer = STATE.tracer
-    state: _SpanState | None = None
-    propagate = retry_args[0] or (
-        dest.external_ok if dest.targets is STATE.propagation_targets else dest.propagate(text, False)
-    )
+    span: _RequestSpan | None = None
     if tracer is not None and STATE.traces_enabled:
         base = label if label != "_OTHER" else "HTTP"
-        name = f"{base} {route}" if route else base
-        state = _SpanState(tracer, name, dest, label, server, text, redacted)
-        if propagate:
-            state.open()
-    attempts = 1
+        span = _RequestSpan(
+            tracer, f"{base} {route}" if route else base, dest, method, label, server, text, redacted
+        )
+    recorder = Recorder(span, STATE.instruments, label, dest, server)
     try:
-        if propagate:
+        if retry_args[0] or dest.propagate(text, False):
+            if span is not None:
+                span.open()  # the traceparent must name this request's span
             headers = _copy_headers(kwargs.get("headers"))
             inject_trace_headers(headers)
             kwargs["headers"] = headers
         if "trace_request_ctx" not in kwargs:
             kwargs["trace_request_ctx"] = server
-        error: Exception | None = None
-        t0 = 0.0
-        track_upload = needs_upload_tracking(retry_args[3], True, kwargs)
-        if not track_upload:
-            t0 = _perf_counter()
-            try:
-                response = await pool.for_attempt().request(method, url, **kwargs)
-                if read_body and response.status < 400:
-                    try:
-                        await response.read()
-                    except BaseException:
-                        response.close()
-                        raise
-            except Exception as exc:
-                error = exc
-            else:
-                if instruments is not None:
-                    instruments.client_request_duration.record(
-                        _perf_counter() - t0, dest.attributes(label, server, response.status)
-                    )
-                if state is None:
-                    return response
-                if state.token is None:
-                    state.finish_unopened(response.status)
-                    state = None
-                    return response
-                _set_status(state.open(), response.status)
-                return response
-        span = state.open() if state is not None else INVALID_SPAN
-        recorder = Recorder(span, instruments, label, dest, server)
-        try:
-            response = await send_with_retries(
-                pool, method, url, kwargs, policy_for(retry_args), read_body, hook, recorder,
-                error, t0 if error is not None else None, t0,
-            )
-        finally:
-            attempts = recorder.attempts
-        if state is not None:
-            _set_status(span, response.status)
-        return response
-    except asyncio.CancelledError:
-        raise  # the caller gave up: not an error of this request
-    except Exception as exc:
-        if state is not None:
-            span = state.open()
-            record_exception(span, exc)
-            last = exc.last_error_type if isinstance(exc, RetriesExhaustedError) else _error_type(exc)
-            set_span_error(span, last)
+        response = await send_with_retries(pool, method, url, kwargs, retry_args, read_body, hook, recorder)
+    except BaseException as exc:
+        if span is not None:
+            span.end_failed(exc, recorder.attempts)
         raise
-    finally:
-        if state is not None:
-            state.close(attempts)
+    if span is not None:
+        span.end_ok(response.status, recorder.attempts)
+    return response

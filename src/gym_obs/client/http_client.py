@@ -10,8 +10,9 @@ retries included; with it off, the request path costs one flag check over bare a
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
+import math
+import re
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import aiohttp
@@ -24,10 +25,9 @@ from gym_obs.client._retry import (
     MAX_NUM_TRIES,
     RetriesExhaustedError,
     TransportFailure,
-    policy_for,
     transport_failure_kind,
 )
-from gym_obs.client._telemetry import traced_request
+from gym_obs.client._telemetry import _KNOWN_METHODS, traced_request
 from gym_obs.client.boundary import raise_boundary_failure
 from gym_obs.client.errors import format_exception_with_response_body, get_response_json, raise_for_status
 from gym_obs.client.pool import CapacityReport, GlobalAIOHTTPAsyncClientConfig
@@ -46,6 +46,7 @@ __all__ = [
     "get_global_aiohttp_client",
     "get_global_aiohttp_control_client",
     "get_response_json",
+    "is_global_aiohttp_client_request_debug_enabled",
     "is_global_aiohttp_client_setup",
     "observe_transport_failures",
     "raise_boundary_failure",
@@ -56,18 +57,41 @@ __all__ = [
 ]
 
 _JSON_CONTENT_TYPE: Final = "application/json"
-_perf_counter = time.perf_counter
+# An HTTP method is a token (RFC 9110 section 9.1); aiohttp would put anything, even "", on the wire.
+_METHOD_TOKEN: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
 
 # --- sessions --------------------------------------------------------------------------------------------
+
+
+def _validated(cfg: object, workers: object) -> GlobalAIOHTTPAsyncClientConfig:
+    """``cfg`` checked before anything is stored: a bad config must fail here, at the call that set it,
+    never later in every request. A mapping is validated into the model; a model is re-validated (one
+    built with ``model_construct`` skipped its checks); the retry budget must be finite."""
+    if isinstance(cfg, GlobalAIOHTTPAsyncClientConfig):
+        cfg = GlobalAIOHTTPAsyncClientConfig.model_validate(cfg.model_dump())
+    elif isinstance(cfg, Mapping):
+        cfg = GlobalAIOHTTPAsyncClientConfig.model_validate(dict(cfg))
+    else:
+        raise TypeError(
+            "cfg must be a GlobalAIOHTTPAsyncClientConfig (or a mapping of its fields), "
+            f"not {type(cfg).__name__}"
+        )
+    assert isinstance(cfg, GlobalAIOHTTPAsyncClientConfig)
+    if not math.isfinite(cfg.global_aiohttp_max_retry_seconds):
+        raise ValueError("global_aiohttp_max_retry_seconds must be finite: every retry path must end")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise ValueError(f"workers must be a positive int or None, not {workers!r}")
+    return cfg
 
 
 def configure_global_aiohttp_client(
     cfg: GlobalAIOHTTPAsyncClientConfig, *, workers: int | None = None
 ) -> CapacityReport:
     """Set the pool config for sessions created from now on (no event loop needed); logs the capacity
-    report and returns it. ``workers`` defaults to ``WEB_CONCURRENCY``."""
-    return _sessions.configure(cfg, workers)
+    report and returns it. ``workers`` defaults to ``WEB_CONCURRENCY``. Raises ``TypeError`` or
+    ``ValueError`` (pydantic's ``ValidationError``) for a bad config, which is then not used."""
+    return _sessions.configure(_validated(cfg, workers), workers)
 
 
 def set_global_aiohttp_client(
@@ -76,8 +100,10 @@ def set_global_aiohttp_client(
     """Configure the pools and create this loop's data session now (call from the running loop).
 
     Raises RuntimeError when this loop already has sessions: ``await close_global_aiohttp_client()``
-    first, so that two configurations never silently coexist.
+    first, so that two configurations never silently coexist; ``TypeError``/``ValueError`` for a bad
+    config (nothing is changed then).
     """
+    cfg = _validated(cfg, workers)
     asyncio.get_running_loop()
     if _sessions.is_setup():
         raise RuntimeError(
@@ -105,6 +131,12 @@ def get_global_aiohttp_control_client() -> aiohttp.ClientSession:
 def is_global_aiohttp_client_setup() -> bool:
     """Whether the running loop (outside a loop: any live loop) has an open global data session."""
     return _sessions.is_setup()
+
+
+def is_global_aiohttp_client_request_debug_enabled() -> bool:
+    """Whether ``global_aiohttp_client_request_debug`` is set: every HTTP exchange of the global sessions
+    is then logged (``client_request_debug``: method, redacted URL, scrubbed headers, status or error)."""
+    return _sessions.current_config().global_aiohttp_client_request_debug
 
 
 async def close_global_aiohttp_client() -> None:
@@ -135,7 +167,10 @@ def _encode_json(kwargs: dict[str, Any]) -> None:
         return
     if kwargs.get("data") is not None:
         raise ValueError("data and json parameters can not be used at the same time")
-    kwargs["data"] = orjson.dumps(payload, default=_json_default)
+    try:
+        kwargs["data"] = orjson.dumps(payload, default=_json_default)
+    except TypeError as exc:  # orjson.JSONEncodeError: a non-str dict key, an unknown type, a cycle
+        raise TypeError(f"request(json=...) cannot be encoded as JSON: {exc}") from exc
     headers = kwargs.get("headers")
     if not headers:
         kwargs["headers"] = {"Content-Type": _JSON_CONTENT_TYPE}
@@ -144,6 +179,24 @@ def _encode_json(kwargs: dict[str, Any]) -> None:
     if "Content-Type" not in copied:
         copied["Content-Type"] = _JSON_CONTENT_TYPE
     kwargs["headers"] = copied
+
+
+def _check_method(method: object) -> None:
+    if not isinstance(method, str) or not _METHOD_TOKEN.fullmatch(method):
+        raise ValueError(f"method must be an HTTP method token such as 'GET', not {method!r}")
+
+
+def _check_limits(max_num_tries: object, max_connection_retries: object) -> None:
+    for name, value, least in (
+        ("_max_num_tries", max_num_tries, 1),
+        ("_max_connection_retries", max_connection_retries, 0),
+    ):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int or None, not {type(value).__name__}")
+        if value < least:
+            raise ValueError(f"{name} must be >= {least} (or None), not {value}")
 
 
 async def request(
@@ -181,46 +234,27 @@ async def request(
     gym server name (the bounded ``gym.server.name`` label; ``external`` otherwise). ``_route``: a route
     template for the span name (``POST /v1/responses``), never a raw path with ids.
     ``_on_transport_failure``: called with a ``TransportFailure`` for every failed attempt.
-    ``json=`` is encoded with orjson. The caller owns the response: read it, or release it.
+    ``json=`` is encoded with orjson (a value it cannot encode, e.g. a non-str dict key, is a
+    ``TypeError`` naming ``json=``, raised before anything is sent); ``_max_num_tries`` must be >= 1 and
+    ``_max_connection_retries`` >= 0 (``ValueError``). The caller owns the response: read it, or release it.
     """
+    if method not in _KNOWN_METHODS:
+        _check_method(method)
+    if _max_num_tries is not None or _max_connection_retries is not None:
+        _check_limits(_max_num_tries, _max_connection_retries)
     if "json" in aiohttp_kwargs:
         _encode_json(aiohttp_kwargs)
     pool = _sessions.pool_for(_control)
-    if STATE.enabled:
-        retry_args = (
-            _internal, _max_connection_retries, _max_num_tries, _resend_after_disconnect, _retry_other_errors
-        )
-        return await traced_request(
-            pool,
-            method,
-            url,
-            aiohttp_kwargs,
-            retry_args,
-            _read_body,
-            _on_transport_failure,
-            _server_name,
-            _route,
-        )
-    error: Exception | None = None
-    started: float | None = None
-    if _resend_after_disconnect:
-        started = _perf_counter()
-        try:  # fast path: attempt 1 inline; the retry machinery only after a failure
-            response = await pool.plain.request(method, url, **aiohttp_kwargs)
-            if _read_body and response.status < 400:
-                try:
-                    await response.read()
-                except BaseException:
-                    response.close()
-                    raise
-            return response
-        except Exception as first_error:
-            error = first_error
-    policy = policy_for(
-        (_internal, _max_connection_retries, _max_num_tries, _resend_after_disconnect, _retry_other_errors)
+    retry_args = (
+        _internal, _max_connection_retries, _max_num_tries, _resend_after_disconnect, _retry_other_errors
     )
+    if STATE.enabled:
+        return await traced_request(
+            pool, method, url, aiohttp_kwargs, retry_args, _read_body, _on_transport_failure,
+            _server_name, _route,
+        )
     return await send_with_retries(
-        pool, method, url, aiohttp_kwargs, policy, _read_body, _on_transport_failure, None, error, started
+        pool, method, url, aiohttp_kwargs, retry_args, _read_body, _on_transport_failure, None
     )
 
 

@@ -44,8 +44,18 @@ def new_event_id() -> str:
     return EVENT_ID_PREFIX + secrets.token_hex(12)
 
 
+def utf8_safe(text: str) -> str:
+    """``text`` with lone surrogates (undecodable bytes from file names, the environment) replaced: a record
+    must always serialize as UTF-8 JSON."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+    return text
+
+
 def bounded(text: str, limit: int) -> str:
     """``text`` cut to ``limit`` characters, marking the cut with an ellipsis."""
     if len(text) <= limit:
         return text
-    return text[: limit - 1] + "…"
+    return text[: limit - 1] + "…" if limit > 0 else ""

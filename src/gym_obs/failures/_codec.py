@@ -2,8 +2,11 @@
 
 Encoding never exceeds ``max_bytes``: when a report does not fit, events are dropped by the rule in
 :mod:`gym_obs.failures._shrink` (middle first; the final failure and its root cause are always kept), and
-if the final failure and its root cause alone still do not fit, their details are dropped and reasons cut,
-then the root cause is dropped, and as the last resort the result is ``""`` (send no header). Whatever was
+if the final failure and its root cause alone still do not fit, their details are dropped and reasons cut
+(to 200, then 40 characters, then to a bare ellipsis with long exception type names cut too), then the root
+cause is dropped, and as the last resort the result is ``""`` (send no header). ``max_bytes`` above
+``MAX_MAX_BYTES`` is lowered to it (the value must fit in one aiohttp header field); a ``max_bytes`` too small
+for anything yields ``""``. Encoding never raises for a valid ``FailureReport``. Whatever was
 cut is marked: ``truncated``/``dropped`` on the report, ``skipped`` on the record before the gap, an
 ellipsis on a cut reason.
 
@@ -30,18 +33,20 @@ MAX_ENCODED_CHARS: Final = 65_536
 """Longest value ``decode_failure_report`` accepts (reports in reply bodies may exceed a header's size)."""
 MAX_DECOMPRESSED_BYTES: Final = 262_144
 MIN_MAX_BYTES: Final = 512
-"""Smallest ``max_bytes`` an encoder accepts: below this even one event cannot be promised to fit."""
+"""Smallest ``max_bytes`` at which the final failure is expected to fit (smaller values may yield ``""``)."""
 MAX_MAX_BYTES: Final = 8000
-"""Largest ``max_bytes``: the value must stay under aiohttp's 8190-byte header field limit."""
+"""Largest header value ever produced: it must stay under aiohttp's 8190-byte header field limit."""
 
 _B64URL = re.compile(r"[A-Za-z0-9_\-]*")
-_DEGRADE_REASON_CHARS: Final = (200, 40)
+_DEGRADE_REASON_CHARS: Final = (200, 40, 1)
+_DEGRADE_TYPE_CHARS: Final = 64
 
 
 def encode_report(report: FailureReport, max_bytes: int = 4096) -> str:
     """Encode ``report`` as an ASCII header value of at most ``max_bytes`` characters (see module doc)."""
-    if not MIN_MAX_BYTES <= max_bytes <= MAX_MAX_BYTES:
-        raise ValueError(f"max_bytes must be between {MIN_MAX_BYTES} and {MAX_MAX_BYTES}")
+    max_bytes = min(int(max_bytes), MAX_MAX_BYTES)
+    if max_bytes <= len(VERSION_PREFIX):
+        return ""
     events = report.events
     encoded = _encode(report.failure_id, events, report.truncated, report.dropped)
     if len(encoded) <= max_bytes:
@@ -73,6 +78,8 @@ def _degrade(report: FailureReport, kept: dict[str, dict[str, Any]], dropped: in
         for record in kept.values():
             record["details"] = None
             record["failure_reason"] = bounded(record["failure_reason"], limit)
+            if limit == 1 and record.get("exception_type"):
+                record["exception_type"] = bounded(record["exception_type"], _DEGRADE_TYPE_CHARS)
         encoded = _encode(report.failure_id, kept, True, dropped)
         if len(encoded) <= max_bytes:
             return encoded

@@ -19,6 +19,7 @@ from gym_obs.failures._base import (
     MAX_DETAILS_ITEMS,
     MAX_DETAILS_STRING_CHARS,
     bounded,
+    utf8_safe,
 )
 from gym_obs.telemetry.redaction import REDACTED, scrub_text
 
@@ -66,7 +67,7 @@ def _mapping(value: Mapping[Any, object], depth: int) -> dict[str, Any]:
         if i >= MAX_DETAILS_ITEMS:
             out[DETAILS_TRUNCATED] = True
             break
-        name = bounded(key if isinstance(key, str) else str(key), _MAX_KEY_CHARS)
+        name = bounded(utf8_safe(key if isinstance(key, str) else str(key)), _MAX_KEY_CHARS)
         out[name] = REDACTED if _SENSITIVE_KEY.search(name) else _value(item, depth + 1)
     return out
 
@@ -97,4 +98,4 @@ def _value(value: object, depth: int) -> Any:
 
 def _text(text: str) -> str:
     # Cut generously before scrubbing (bounded cost), then to the final bound.
-    return bounded(scrub_text(text[: MAX_DETAILS_STRING_CHARS * 4]), MAX_DETAILS_STRING_CHARS)
+    return bounded(utf8_safe(scrub_text(text[: MAX_DETAILS_STRING_CHARS * 4])), MAX_DETAILS_STRING_CHARS)

@@ -8,6 +8,7 @@ rebuilds it on the other side with its original ids. A non-gym exception in a ca
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Mapping
 from typing import Any, TypeAlias
@@ -23,6 +24,7 @@ from gym_obs.failures._base import (
     InvalidFailureReport,
     bounded,
     new_event_id,
+    utf8_safe,
 )
 from gym_obs.failures._details import sanitize_details
 from gym_obs.failures._validation import validate_record
@@ -46,10 +48,12 @@ FailureEvent: TypeAlias = dict[str, Any]
 """A failure record: the JSON-ready dict form of an event (see :mod:`gym_obs.failures.report`)."""
 
 _ID_ATTR = "_ng_event_id"
+_UNSET: Any = object()
 _EVENT_ATTRIBUTES = frozenset(
     {
         "failure_kind", "failure_reason", "boundary", "stage", "http_status", "details", "event_id",
-        "cause_id", "trace_id", "span_id", "rollout_id", "server_name", "timestamp", "skipped_causes",
+        "cause_id", "_cause_id", "trace_id", "span_id", "rollout_id", "server_name", "timestamp",
+        "skipped_causes",
         "http_error", "_observed", "__notes__",
     }
 )
@@ -71,7 +75,6 @@ class NgFailureEvent(Exception):
     http_status: int | None
     details: dict[str, Any] | None
     event_id: str
-    cause_id: str | None
     trace_id: str | None
     span_id: str | None
     rollout_id: str | None
@@ -104,7 +107,7 @@ class NgFailureEvent(Exception):
         self.http_status = _clean_status(http_status)
         self.details = sanitize_details(details)
         self.event_id = new_event_id()
-        self.cause_id = None
+        self._cause_id: str | None = _UNSET
         self.trace_id, self.span_id = current_ids()
         self.rollout_id = _clean_label(current_rollout_id())
         self.server_name = _clean_label(STATE.server_name)
@@ -112,6 +115,20 @@ class NgFailureEvent(Exception):
         self.skipped_causes = 0
         self.http_error = None
         self._observed = False
+
+    @property
+    def cause_id(self) -> str | None:
+        """The event id of the explicit cause (``raise … from cause``), ``None`` without one.
+
+        Derived from ``__cause__`` until a report walk or a rebuild sets it (a walk may link past events it
+        cut out); a non-gym cause gets a stable id that its foreign-cause record will carry.
+        """
+        explicit = self._cause_id
+        return _cause_event_id(self.__cause__) if explicit is _UNSET else explicit
+
+    @cause_id.setter
+    def cause_id(self, value: str | None) -> None:
+        self._cause_id = value
 
     def __str__(self) -> str:
         where = f"{self.boundary} {self.failure_kind}"
@@ -155,7 +172,7 @@ class NgFailureEvent(Exception):
         extra = {k: v for k, v in self.__dict__.items() if k not in _EVENT_ATTRIBUTES}  # subclass state
         return (
             _restore_event,
-            (type(self), self.to_record(), self.http_error, picklable_cause(self.__cause__), self._observed),
+            (type(self), self.to_record(), self.http_error, _bounded_cause(self.__cause__), self._observed),
             extra or None,
         )
 
@@ -201,7 +218,7 @@ def exception_type_name(error: BaseException) -> str:
     module = getattr(cls, "__module__", None)
     name = getattr(cls, "__qualname__", None) or cls.__name__
     full = name if module in (None, "builtins") else f"{module}.{name}"
-    return bounded(str(full), MAX_TYPE_NAME_CHARS)
+    return bounded(utf8_safe(str(full)), MAX_TYPE_NAME_CHARS) or "Exception"
 
 
 def safe_message(error: BaseException) -> str:
@@ -221,17 +238,101 @@ def picklable_cause(cause: BaseException | None, _depth: int = 0) -> BaseExcepti
         return cause
     foreign = ForeignFailure.from_exception(cause)
     nxt = cause.__cause__
-    if _depth < MAX_DEPTH and nxt is not None and nxt is not cause:
+    if nxt is None or nxt is cause:
+        return foreign
+    if _depth < MAX_DEPTH:
         foreign.__cause__ = picklable_cause(nxt, _depth + 1)
+        return foreign
+    root, jumped = _chain_root(nxt, {id(cause)})  # too long: skip to the root cause, and say how many
+    if jumped or root is not cause:
+        foreign = ForeignFailure(
+            foreign.exception_type, foreign.message, event_id=foreign.event_id, details=foreign.details
+        )
+        foreign.skipped_causes = jumped
+        if isinstance(root, NgFailureEvent | ForeignFailure):
+            foreign.__cause__ = root
+        else:
+            foreign.__cause__ = ForeignFailure.from_exception(root)
     return foreign
 
 
+def _bounded_cause(cause: BaseException | None) -> BaseException | None:
+    """The cause chain to pickle: as is up to ``MAX_DEPTH`` links, else copies of the first links and the
+    root cause with the gap counted (pickle recurses once per link, so a long chain would overflow)."""
+    chain: list[BaseException] = []
+    seen: set[int] = set()
+    node = cause
+    while node is not None and id(node) not in seen and len(chain) < 1_000_000:
+        seen.add(id(node))
+        chain.append(node)
+        node = node.__cause__
+    if len(chain) <= MAX_DEPTH:
+        return picklable_cause(cause)
+    keep = [*chain[: MAX_DEPTH - 1], chain[-1]]
+    copies: list[NgFailureEvent | ForeignFailure] = [_detached_copy(link) for link in keep]
+    for upper, lower in itertools.pairwise(copies):
+        upper.__cause__ = lower
+    before_gap = copies[-2]
+    before_gap.skipped_causes += len(chain) - len(keep)
+    if isinstance(before_gap, NgFailureEvent):
+        before_gap.cause_id = _cause_event_id(keep[-1])
+    return copies[0]
+
+
+def _detached_copy(error: BaseException) -> NgFailureEvent | ForeignFailure:
+    """A cause-less copy of one link: a gym event keeps its record and ``http_error``."""
+    if isinstance(error, NgFailureEvent):
+        event = _event_from_clean(type(error), error.to_record())
+        event.http_error = error.http_error
+        event._observed = error._observed
+        return event
+    foreign = ForeignFailure.from_exception(error)
+    event_id = foreign.event_id or _cause_event_id(error)
+    copy = ForeignFailure(foreign.exception_type, foreign.message, event_id=event_id, details=foreign.details)
+    copy.skipped_causes = foreign.skipped_causes if foreign is error else 0
+    return copy
+
+
+def _chain_root(node: BaseException, seen: set[int]) -> tuple[BaseException, int]:
+    """The last exception of ``node``'s ``__cause__`` chain (cycle-safe) and how many lie before it."""
+    steps = 0
+    seen.add(id(node))
+    while node.__cause__ is not None and id(node.__cause__) not in seen and steps < 1_000_000:
+        node = node.__cause__
+        seen.add(id(node))
+        steps += 1
+    return node, steps
+
+
+def _cause_event_id(cause: BaseException | None) -> str | None:
+    """The id a report gives ``cause`` (assigned once and kept on the exception); never raises."""
+    if cause is None:
+        return None
+    own = cause.event_id if isinstance(cause, NgFailureEvent | ForeignFailure) else None
+    if own is not None:
+        return own
+    existing = getattr(cause, _ID_ATTR, None)
+    if isinstance(existing, str):
+        return existing
+    eid = new_event_id()
+    try:
+        setattr(cause, _ID_ATTR, eid)
+    except Exception:
+        return None
+    return eid
+
+
 def _clean_reason(reason: object) -> str:
-    text = reason if isinstance(reason, str) else str(reason)
+    if reason is None:
+        return ""
+    try:
+        text = reason if isinstance(reason, str) else str(reason)
+    except Exception:
+        return "<unprintable reason>"
     if not text:
         return ""
     # Cut generously before scrubbing (bounded cost), then to the final bound.
-    return bounded(scrub_text(text[: MAX_REASON_CHARS * 4]), MAX_REASON_CHARS)
+    return bounded(utf8_safe(scrub_text(text[: MAX_REASON_CHARS * 4])), MAX_REASON_CHARS)
 
 
 def _clean_status(status: object) -> int | None:
@@ -240,8 +341,12 @@ def _clean_status(status: object) -> int | None:
     return status if MIN_HTTP_STATUS <= status <= MAX_HTTP_STATUS else None
 
 
-def _clean_label(value: str | None) -> str | None:
-    return None if value is None else value[:MAX_LABEL_CHARS]
+def _clean_label(value: object) -> str | None:
+    """A context label as a record accepts it: ``None`` when unset or empty, else bounded UTF-8 text."""
+    if value is None or value == "":
+        return None
+    text = value if isinstance(value, str) else str(value)
+    return utf8_safe(text[:MAX_LABEL_CHARS]) or None
 
 
 def _event_from_clean(cls: type[NgFailureEvent], clean: Mapping[str, Any]) -> NgFailureEvent:

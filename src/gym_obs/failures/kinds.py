@@ -94,6 +94,10 @@ def validate_failure_kind(name: object) -> str:
     kind = name if isinstance(name, str) else repr(name)
     if len(kind) > MAX_KIND_CHARS:
         kind = kind[:MAX_KIND_CHARS]
+    try:
+        kind.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate would make the record unserializable
+        kind = kind.encode("utf-8", "replace").decode("utf-8")
     if not kind:
         kind = "internal_error"
     if kind in FAILURE_KINDS or is_known_failure_kind(kind):

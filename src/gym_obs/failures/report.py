@@ -61,6 +61,7 @@ __all__ = [
 ]
 
 _MAX_VISITS = 4096
+_MAX_ROOT_STEPS = 1_000_000  # a chain longer than the visits is followed (pointers only) to its root
 _ID_ATTR = "_ng_event_id"
 
 
@@ -224,9 +225,13 @@ class _Walker:
                 ids_on_path.add(own)
             node = self._next(node)
         tail = None
+        jumped = 0
         if node is not None and not cycle:
             tail = self.known_id(node)  # a shared cause recorded by an earlier chain (never a cycle)
-        self._record(nodes, tail)
+            if tail is None and nodes:  # out of visits: the root cause must still be the chain's end
+                root, jumped = _root_beyond(node)
+                nodes.append(root)
+        self._record(nodes, tail, jumped)
 
     def _next(self, node: BaseException) -> BaseException | None:
         if not isinstance(node, BaseExceptionGroup) or not node.exceptions:
@@ -238,25 +243,34 @@ class _Walker:
             self.pending.append(node.__cause__)
         return follow
 
-    def _record(self, nodes: list[BaseException], tail: str | None) -> None:
+    def _record(self, nodes: list[BaseException], tail: str | None, jumped: int = 0) -> None:
+        """Record ``nodes`` (head first) linked to ``tail``; ``jumped`` events were skipped before the
+        last one (the root cause, reached past the visit bound)."""
         if not nodes:
             return
+        self.dropped += jumped
         tail_depth = self.depth.get(tail, 0) if tail is not None else 0
         budget = MAX_DEPTH - tail_depth
         if budget < 2 and len(nodes) > budget:
             tail, tail_depth, budget = None, 0, MAX_DEPTH
         skipped_at = -1
         cut = 0
+        gaps = 0  # gaps already standing before the removed events (a forwarded truncated chain)
         if len(nodes) > budget:
             head_keep = (budget + 1) // 2
             cut = len(nodes) - budget
+            for removed in nodes[head_keep : head_keep + cut]:
+                own_gap = getattr(removed, "skipped_causes", 0)
+                gaps += own_gap if isinstance(own_gap, int) else 0
             nodes = nodes[:head_keep] + nodes[head_keep + cut :]
             skipped_at = head_keep - 1
             self.dropped += cut
         ids = [self._id_for(node) for node in nodes]
         causes = [*ids[1:], tail]
         for index, node in enumerate(nodes):  # head first, so a map reads from the final failure down
-            skipped = cut if index == skipped_at else 0
+            skipped = cut + gaps if index == skipped_at else 0
+            if index == len(nodes) - 2:
+                skipped += jumped
             self.events[ids[index]] = self._record_for(node, ids[index], causes[index], skipped)
         below = tail_depth
         for eid in reversed(ids):
@@ -273,11 +287,17 @@ class _Walker:
         return str(eid)
 
     def _record_for(self, node: BaseException, eid: str, cause_id: str | None, skipped: int) -> FailureEvent:
-        if isinstance(node, NgFailureEvent):
-            node.cause_id = cause_id
-            node.skipped_causes = skipped
+        # A rebuilt event or foreign cause may already stand before a gap (its report was truncated).
+        own_gap = getattr(node, "skipped_causes", 0)
+        skipped = min(skipped + (own_gap if isinstance(own_gap, int) else 0), MAX_SKIPPED)
+        if isinstance(node, NgFailureEvent):  # the live event is not changed: the report may cut links
             self.gym.append(node)
-            return node.to_record()
+            gym_record = node.to_record()
+            gym_record["cause_id"] = cause_id
+            gym_record.pop("skipped", None)
+            if skipped:
+                gym_record["skipped"] = skipped
+            return gym_record
         details: dict[str, Any] | None = None
         if isinstance(node, ForeignFailure):
             details = node.details
@@ -294,6 +314,20 @@ class _Walker:
         if skipped:
             record["skipped"] = skipped
         return record
+
+
+def _root_beyond(node: BaseException) -> tuple[BaseException, int]:
+    """The end of ``node``'s ``__cause__`` chain (cycle-safe, bounded) and how many events lie before it."""
+    seen = {id(node)}
+    steps = 0
+    while steps < _MAX_ROOT_STEPS:
+        nxt = node.__cause__
+        if nxt is None or id(nxt) in seen:
+            break
+        seen.add(id(nxt))
+        node = nxt
+        steps += 1
+    return node, steps
 
 
 def _walk(error: BaseException | None) -> tuple[FailureReport, list[NgFailureEvent]]:

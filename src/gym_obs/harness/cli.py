@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,13 @@ def _positive(value: str) -> int:
     number = int(value)
     if number < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
+    return number
+
+
+def _seconds(value: str) -> float:
+    number = float(value)
+    if not 0 <= number < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {value}")
     return number
 
 
@@ -78,15 +86,39 @@ def add_harness_parser(subparsers: Any) -> None:
         help="timeout of each agent -> model/resources call (default 10)",
     )
     run.add_argument("--seed", type=int, help="seed for latencies and fault coin flips")
+    run.add_argument(
+        "--pool-limit-per-host",
+        type=_positive,
+        metavar="N",
+        help="pooled connections per destination in every process (default: the runtime's 1024); "
+        "a small pool makes requests queue, so pool waits show",
+    )
+    run.add_argument(
+        "--linger",
+        type=_seconds,
+        default=0.0,
+        metavar="SECONDS",
+        help="after the rollouts, keep every process and its /metrics up this long before stopping, "
+        "so Prometheus can scrape the final values (Ctrl-C or SIGTERM ends the wait early; default 0)",
+    )
     run.set_defaults(handler=harness_run)
 
 
+def _raise_keyboard_interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def harness_run(args: argparse.Namespace) -> int:
-    """Run the harness; 0 when the run completed, 2 with a message when the harness could not run."""
+    """Run the harness; 0 when the run completed, 2 with a message when the harness could not run.
+
+    SIGTERM is handled like Ctrl-C: the servers run in their own sessions, so only the harness can stop
+    them; dying on the signal would leave them running.
+    """
     from gym_obs.harness.faults import FaultPlanError, load_fault_plan
     from gym_obs.harness.run import run_harness
     from gym_obs.harness.stack import HarnessError, HarnessOptions
 
+    previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     try:
         plan = load_fault_plan(args.faults) if args.faults is not None else None
         options = HarnessOptions(
@@ -108,6 +140,8 @@ def harness_run(args: argparse.Namespace) -> int:
             fanout=args.fanout,
             request_timeout_s=args.request_timeout,
             seed=args.seed,
+            pool_limit_per_host=args.pool_limit_per_host,
+            linger_s=args.linger,
         )
         run_harness(options)
     except (HarnessError, FaultPlanError) as exc:
@@ -116,4 +150,6 @@ def harness_run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("gym-obs harness: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0

@@ -196,6 +196,23 @@ async def _drive(
     return results, injected, wall
 
 
+def _linger(seconds: float, console: Console) -> None:
+    """Keep the rollout system up (every process still serves ``/metrics``) so a scraper sees the final
+    values; Ctrl-C (or SIGTERM, under ``gym-obs harness run``) ends the wait early and the run still
+    finishes normally."""
+    if seconds <= 0:
+        return
+    console.print(
+        f"gym-obs harness: rollouts done; every process stays up for {seconds:g} s (Ctrl-C to stop now)"
+    )
+    deadline = time.monotonic() + seconds
+    try:
+        while (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(left, 0.5))
+    except KeyboardInterrupt:
+        console.print("gym-obs harness: stopping")
+
+
 def _write_config(layout: StackLayout, out: Path) -> None:
     data = layout.config.model_dump(mode="json", exclude_none=True)
     (out / "global_config.yaml").write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
@@ -233,6 +250,7 @@ def run_harness(options: HarnessOptions, console: Console | None = None) -> dict
             ):
                 results, injected, wall = asyncio.run(_drive(options, layout, handle, bar, writer))
             processes = _processes(running, cpu_before)
+            _linger(options.linger_s, err_console)
             # Flush the driver's telemetry while the servers flush theirs: a dead collector costs one
             # export timeout, not two in a row.
             flusher = threading.Thread(target=handle.shutdown, args=(_FLUSH_TIMEOUT_S,), daemon=True)

@@ -64,6 +64,8 @@ class HarnessOptions:
     fanout: int = 3
     request_timeout_s: float = 10.0
     seed: int | None = None
+    pool_limit_per_host: int | None = None  # data-pool connections per destination, per process
+    linger_s: float = 0.0  # keep every process (and its /metrics) up this long after the rollouts
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     @property
@@ -174,11 +176,13 @@ def build_layout(options: HarnessOptions) -> StackLayout:
             "startup_timeout_s": 60.0,
             **own,
         }
-    data = {
+    data: dict[str, Any] = {
         "head_server": {"host": options.host, "port": options.port_base},
         "telemetry": _telemetry(options, None).model_dump(exclude_none=True),
         "servers": servers,
     }
+    if options.pool_limit_per_host is not None:
+        data["client"] = {"global_aiohttp_connector_limit_per_host": options.pool_limit_per_host}
     config = parse_global_config(data, source="harness")
     return StackLayout(
         config=config,

@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gym_obs.failures.transport import RequestFailureLog
 from gym_obs.server._report_header import with_report_header
+from gym_obs.server.sessions import RequestSession
 
 __all__ = ["DEFAULT_WATCH_DELAY_S", "DisconnectCancelMiddleware"]
 
@@ -28,7 +29,6 @@ DEFAULT_WATCH_DELAY_S: Final = 0.02
 _DISCONNECT: Final[Message] = {"type": "http.disconnect"}
 
 _log = logging.getLogger("gym_obs.server")
-
 
 
 class _Watch:
@@ -48,6 +48,7 @@ class _Watch:
         "in_receive",
         "log",
         "response_started",
+        "session",
     )
 
     def __init__(
@@ -57,6 +58,7 @@ class _Watch:
         self._send = send
         self._task = task
         self.log = log
+        self.session: RequestSession | None = None  # set by the fused session layer (SimpleServer)
         self.aged = False
         self._watcher: asyncio.Task[None] | None = None
         self._changed: asyncio.Event | None = None
@@ -94,6 +96,9 @@ class _Watch:
             log = self.log
             if log is not None and len(log):
                 message = with_report_header(message, log)
+            session = self.session
+            if session is not None and session.token is not None:
+                message = session.reply_start(message)
         await self._send(message)
 
     # -- watching ------------------------------------------------------------------------------------------

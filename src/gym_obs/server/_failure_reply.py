@@ -34,6 +34,7 @@ from gym_obs.failures.transport import (
 )
 from gym_obs.server._disconnect import DisconnectCancelMiddleware
 from gym_obs.server._report_header import REPORT_HEADER, with_report_header
+from gym_obs.server.sessions import RequestSession, SessionLayer, SessionMiddleware
 
 __all__ = ["FailureReplyMiddleware", "boundary_for_server_type", "failure_for_exception"]
 
@@ -84,11 +85,12 @@ def failure_for_exception(error: BaseException, boundary: Boundary) -> NgFailure
 class _Reply:
     """Per-request state without disconnect handling: the failure log and whether the reply started."""
 
-    __slots__ = ("_send", "log", "response_started")
+    __slots__ = ("_send", "log", "response_started", "session")
 
-    def __init__(self, log: RequestFailureLog, send: Send) -> None:
+    def __init__(self, log: RequestFailureLog, send: Send, session: RequestSession | None) -> None:
         self.log = log
         self._send = send
+        self.session = session
         self.response_started = False
 
     async def send(self, message: Message) -> None:
@@ -96,6 +98,9 @@ class _Reply:
             self.response_started = True
             if len(self.log):
                 message = with_report_header(message, self.log)
+            session = self.session
+            if session is not None and session.token is not None:
+                message = session.reply_start(message)
         await self._send(message)
 
 
@@ -103,11 +108,17 @@ class FailureReplyMiddleware:
     """Keeps the request's failure log, reports it on every reply, turns exceptions into failure replies.
 
     With ``disconnect_watch_delay_s`` it also cancels the handler when the caller disconnects before the
-    reply (:class:`DisconnectCancelMiddleware` fused in: one layer and one ``send`` wrapper per request).
+    reply (:class:`DisconnectCancelMiddleware` fused in), and with ``sessions`` it runs the session steps
+    (:class:`SessionLayer`) around the request: one layer and one ``send`` wrapper per request for all three.
     """
 
     def __init__(
-        self, app: ASGIApp, *, boundary: Boundary = "harness", disconnect_watch_delay_s: float | None = None
+        self,
+        app: ASGIApp,
+        *,
+        boundary: Boundary = "harness",
+        disconnect_watch_delay_s: float | None = None,
+        sessions: SessionLayer | None = None,
     ) -> None:
         self.app = app
         self.boundary = boundary
@@ -116,45 +127,84 @@ class FailureReplyMiddleware:
             if disconnect_watch_delay_s is None
             else DisconnectCancelMiddleware(app, watch_delay_s=disconnect_watch_delay_s)
         )
+        self._sessions = sessions
+        # Websockets have no failure reply; they still get their session (standalone middleware).
+        self._websocket_app: ASGIApp = app
+        if sessions is not None:
+            self._websocket_app = SessionMiddleware.from_layer(app, sessions)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        cancellable = self._cancellable
-        if cancellable is None or scope["type"] != "http" or (task := asyncio.current_task()) is None:
-            await self._call_plain(scope, receive, send)
-            return
-        with request_failure_log() as log:
-            watch = cancellable.begin(receive, send, task, log)
-            try:
-                await self.app(scope, watch.receive, watch.send)
-            except asyncio.CancelledError:
-                if not cancellable.absorb(watch, scope):
-                    raise
-            except Exception as error:
-                if watch.cancelled_by_us:  # the caller is gone: nothing is sent, the error is only logged
-                    _log.warning("handler failed after the caller disconnected", exc_info=error)
-                    return
-                if watch.response_started:
-                    _log.error("handler failed after the reply started", exc_info=error)
-                    raise
-                await self._reply(error, log, send)
-            finally:
-                cancellable.end(watch)
-
-    async def _call_plain(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
-            await self.app(scope, receive, send)
+            if scope["type"] == "websocket":
+                await self._websocket_app(scope, receive, send)
+            else:
+                await self.app(scope, receive, send)
             return
         with request_failure_log() as log:
-            reply = _Reply(log, send)
+            session: RequestSession | None = None
+            sessions = self._sessions
+            if sessions is not None and scope["path"] not in sessions.excluded_paths:
+                session = sessions.open(scope)
+                if session is None:
+                    session, receive = await sessions.open_reading_body(scope, receive)
             try:
-                await self.app(scope, receive, reply.send)
-            except Exception as error:
-                if reply.response_started:
-                    _log.error("handler failed after the reply started", exc_info=error)
-                    raise
-                await self._reply(error, log, send)
+                cancellable = self._cancellable
+                if cancellable is None or (task := asyncio.current_task()) is None:
+                    await self._call_plain(scope, receive, send, log, session)
+                else:
+                    await self._call_cancellable(scope, receive, send, log, session, cancellable, task)
+            finally:
+                if session is not None:
+                    sessions.close(session)  # type: ignore[union-attr]
 
-    async def _reply(self, error: Exception, log: RequestFailureLog, send: Send) -> None:
+    async def _call_cancellable(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        log: RequestFailureLog,
+        session: RequestSession | None,
+        cancellable: DisconnectCancelMiddleware,
+        task: asyncio.Task[Any],
+    ) -> None:
+        watch = cancellable.begin(receive, send, task, log)
+        watch.session = session
+        try:
+            await self.app(scope, watch.receive, watch.send)
+        except asyncio.CancelledError:
+            if not cancellable.absorb(watch, scope):
+                raise
+        except Exception as error:
+            if watch.cancelled_by_us:  # the caller is gone: nothing is sent, the error is only logged
+                _log.warning("handler failed after the caller disconnected", exc_info=error)
+                return
+            if watch.response_started:
+                _log.error("handler failed after the reply started", exc_info=error)
+                raise
+            await self._reply(error, log, send, session)
+        finally:
+            cancellable.end(watch)
+
+    async def _call_plain(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        log: RequestFailureLog,
+        session: RequestSession | None,
+    ) -> None:
+        reply = _Reply(log, send, session)
+        try:
+            await self.app(scope, receive, reply.send)
+        except Exception as error:
+            if reply.response_started:
+                _log.error("handler failed after the reply started", exc_info=error)
+                raise
+            await self._reply(error, log, send, session)
+
+    async def _reply(
+        self, error: Exception, log: RequestFailureLog, send: Send, session: RequestSession | None
+    ) -> None:
         event = failure_for_exception(error, self.boundary)
         observe_failure(event)
         report = log.report(final=event)
@@ -172,5 +222,8 @@ class FailureReplyMiddleware:
                 headers.append((REPORT_HEADER, value.encode("latin-1")))
         body = orjson.dumps(payload)
         headers.append((b"content-length", str(len(body)).encode("latin-1")))
-        await send({"type": "http.response.start", "status": status, "headers": headers})
+        start: Message = {"type": "http.response.start", "status": status, "headers": headers}
+        if session is not None and session.token is not None:
+            start = session.reply_start(start)
+        await send(start)
         await send({"type": "http.response.body", "body": body})

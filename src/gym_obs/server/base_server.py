@@ -37,7 +37,7 @@ from gym_obs.server.middleware import PathContextMiddleware
 from gym_obs.server.ops import profiler_for, set_ulimit
 from gym_obs.server.sessions import (
     OwnedSessionRouting,
-    SessionMiddleware,
+    SessionLayer,
     SessionSigner,
     derive_session_key,
     ensure_session_secret,
@@ -132,10 +132,11 @@ class SimpleServer(BaseServer, abc.ABC):
             reason = "routes_sessions_to_owner needs sessions_enabled"
         return reason
 
-    def _add_sessions(self, app: FastAPI) -> Callable[[ASGIApp], ASGIApp]:
-        """Install the session middleware; returns what wraps the finished app (owner routing or nothing)."""
+    def _session_layer(self) -> tuple[SessionLayer | None, Callable[[ASGIApp], ASGIApp]]:
+        """The session steps (run inside the failure-reply layer) and what wraps the finished app (owner
+        routing under several workers, else nothing)."""
         if not self.sessions_enabled:
-            return _unwrapped
+            return None, _unwrapped
         signer = SessionSigner(self.get_session_middleware_key())
         routing = self.owned_session_routing()
         routing_dir = owner_routing_dir()
@@ -145,11 +146,10 @@ class SimpleServer(BaseServer, abc.ABC):
         def owns(session_id: str) -> bool:
             return router is None or router.owns(session_id)
 
-        app.add_middleware(
-            SessionMiddleware, signer=signer, routing=routing, owns=owns, excluded_paths=HEALTH_ROUTES
-        )
+        layer = SessionLayer(signer=signer, routing=routing, owns=owns, excluded_paths=HEALTH_ROUTES)
         if not (self.routes_sessions_to_owner and workers > 1 and routing_dir is not None):
-            return _unwrapped
+            layer.owns = None
+            return layer, _unwrapped
 
         def wrap(inner: ASGIApp) -> ASGIApp:
             nonlocal router
@@ -163,7 +163,7 @@ class SimpleServer(BaseServer, abc.ABC):
             )
             return router
 
-        return wrap
+        return layer, wrap
 
     @abc.abstractmethod
     def setup_webserver(self) -> FastAPI:
@@ -226,15 +226,16 @@ class SimpleServer(BaseServer, abc.ABC):
         if profiler is not None:
             profiler.attach(app)
         self._track_lifespan(app)
-        # Outermost of the app's own middlewares (inside the SERVER span): failure log and replies, with
-        # client-disconnect cancellation fused in (one layer per request).
+        # Outermost of the app's own middlewares (inside the SERVER span, so events and the session id are
+        # on it): failure log and replies, with client-disconnect cancellation and sessions fused in (one
+        # layer and one send wrapper per request).
+        sessions, wrap = self._session_layer()
         app.add_middleware(
             FailureReplyMiddleware,
             boundary=self.failure_boundary,
             disconnect_watch_delay_s=self.disconnect_watch_delay_s,
+            sessions=sessions,
         )
-        # Around it, still inside the span: the session (on the span and on the failure log's lines).
-        wrap = self._add_sessions(app)
         instrument_app_for_telemetry(app)
         # Owner routing, when on, is outermost: a forwarded request runs no telemetry where it arrived.
         return wrap(PathContextMiddleware(app))

@@ -281,8 +281,12 @@ def launch(
     """
     resolved = config if isinstance(config, GlobalConfig) else load_global_config(config)
     preflight(resolved)
-    directory = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="gym-obs-"))
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="gym-obs-"))
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        where = log_dir if log_dir is not None else "a temporary directory"
+        raise LaunchError(f"cannot create the log directory {where}: {error.strerror or error}") from None
     running = Launch(resolved, directory, echo_output=echo_output)
     try:
         running.start(_child_environment(resolved, env), ready_timeout_s)
@@ -345,6 +349,9 @@ def serve(
         return 0
     except (LaunchError, ServerStartupError, ValueError) as error:  # ConfigError is a ValueError
         print(f"gym_obs: {error}", file=sys.stderr)
+        return 1
+    except OSError as error:  # spawning a child, writing a log: one line, not a traceback
+        print(f"gym_obs: cannot start the servers: {error}", file=sys.stderr)
         return 1
     finally:
         signal.signal(signal.SIGTERM, previous)

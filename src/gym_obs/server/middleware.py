@@ -4,8 +4,9 @@ Order, outermost first, as ``SimpleServer.build_app`` assembles it::
 
     PathContextMiddleware       /ng-trace and /ng-rollout segments, rollout context  (outside the span)
       FastAPI + contrib instrumentation: the one SERVER span
-        FailureReplyMiddleware  failure log, X-NG-Failure-Report, exception -> failure reply, and
-                                (DisconnectCancelMiddleware fused in) caller gone -> handler cancelled
+        FailureReplyMiddleware  failure log, X-NG-Failure-Report, exception -> failure reply,
+                                (DisconnectCancelMiddleware fused in) caller gone -> handler cancelled, and
+                                (SessionLayer fused in) the caller's session
           the server's own middlewares and routes
 
 The path middleware must run before the instrumentation extracts the trace context (it turns the
@@ -17,7 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Final
+from urllib.parse import unquote
 
+from opentelemetry import trace
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gym_obs.server._disconnect import DisconnectCancelMiddleware
@@ -38,6 +42,7 @@ _SEGMENT_MARK: Final = "/ng-"
 _TRACEPARENT: Final = names.TRACEPARENT_HEADER.encode("latin-1")
 _ROLLOUT_HEADER: Final = names.ROLLOUT_ID_HEADER.lower().encode("latin-1")
 _MAX_ROLLOUT_ID_CHARS: Final = 256
+_PROPAGATOR: Final = TraceContextTextMapPropagator()
 
 
 def _header_rollout_id(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
@@ -53,7 +58,8 @@ def _header_rollout_id(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
 class PathContextMiddleware:
     """Strip ``/ng-trace/<traceparent>`` and ``/ng-rollout/<id>``; join the trace; set the rollout context.
 
-    A real ``traceparent`` header wins over the segment; the segment is stripped even when traces are off.
+    A real ``traceparent`` header wins over the segment (a malformed one does not: the segment replaces it);
+    the segment is stripped even when traces are off.
     The rollout id comes from the path prefix, else from the ``X-NG-Rollout-Id`` header. Also marks the
     request as excluded from FastAPI's built-in telemetry (see ``_native_telemetry``).
     """
@@ -68,12 +74,8 @@ class PathContextMiddleware:
             return
         scope[NATIVE_TELEMETRY_SCOPE_KEY] = None
         rollout_id: str | None = None
-        path: str = scope["path"]
-        if _SEGMENT_MARK in path:
-            parsed = parse_path_segments(path)
-            if parsed.path != path:
-                self._strip(scope, parsed.path, parsed.traceparent)
-                rollout_id = parsed.rollout_id
+        if _SEGMENT_MARK in scope["path"]:
+            rollout_id = self._strip(scope)
         if rollout_id is None:
             rollout_id = _header_rollout_id(scope["headers"])
             if rollout_id is None:
@@ -83,15 +85,39 @@ class PathContextMiddleware:
             await self.app(scope, receive, send)
 
     @staticmethod
-    def _strip(scope: Scope, path: str, traceparent: str | None) -> None:
-        scope["path"] = path
-        raw = scope.get("raw_path")
+    def _strip(scope: Scope) -> str | None:
+        """Strip the segments from ``path`` and ``raw_path``; returns the segment's rollout id.
+
+        The segments are read from ``raw_path`` (still percent-encoded) when the server gives it: a rollout
+        id is percent-encoded in the URL (``a/b`` travels as ``a%2Fb``), and splitting the decoded path would
+        cut such an id at its slash and route the request to the wrong path.
+        """
+        raw: bytes | None = scope.get("raw_path")
         if raw:
-            scope["raw_path"] = parse_path_segments(raw.decode("latin-1")).path.encode("latin-1")
-        if traceparent is None or not STATE.traces_enabled:
-            return
-        headers = list(scope["headers"])
-        if any(key == _TRACEPARENT for key, _ in headers):
-            return  # a real header wins
-        headers.append((_TRACEPARENT, traceparent.encode("latin-1")))
-        scope["headers"] = headers
+            raw_text = raw.decode("latin-1").partition("?")[0]
+            parsed = parse_path_segments(raw_text)
+            if parsed.path == raw_text:
+                return None
+            scope["raw_path"] = parsed.path.encode("latin-1")
+            scope["path"] = unquote(parsed.path)
+        else:
+            path: str = scope["path"]
+            parsed = parse_path_segments(path)
+            if parsed.path == path:
+                return None
+            scope["path"] = parsed.path
+        traceparent = parsed.traceparent
+        if traceparent is not None and STATE.traces_enabled:
+            headers = scope["headers"]
+            # A real, valid header wins; a malformed one is replaced by the segment.
+            if not any(key == _TRACEPARENT and _valid_header(value) for key, value in headers):
+                kept = [(key, value) for key, value in headers if key != _TRACEPARENT]
+                kept.append((_TRACEPARENT, traceparent.encode("latin-1")))
+                scope["headers"] = kept
+        return parsed.rollout_id
+
+
+def _valid_header(value: bytes) -> bool:
+    """Whether a ``traceparent`` request header carries a usable span context (as the propagator reads it)."""
+    context = _PROPAGATOR.extract({names.TRACEPARENT_HEADER: value.decode("latin-1")})
+    return trace.get_current_span(context).get_span_context().is_valid

@@ -40,6 +40,7 @@ __all__ = [
     "MAX_SESSION_ID_CHARS",
     "SESSION_ID_KEY",
     "OwnedSessionRouting",
+    "SessionLayer",
     "SessionMiddleware",
     "SessionSigner",
     "current_session_id",
@@ -242,7 +243,7 @@ async def session_from_request(
 # --- the middleware ---------------------------------------------------------------------------------------
 
 
-class _Session(dict[str, str]):
+class RequestSession(dict[str, str]):
     """``scope["session"]``: holds the id of a session the request named, or issues one on first use.
 
     Issuing lazily keeps sessions free for requests that never use one (health probes, stateless routes):
@@ -250,14 +251,15 @@ class _Session(dict[str, str]):
     :func:`current_session_id` all issue it.
     """
 
-    __slots__ = ("_log_tokens", "_middleware", "_span", "token")
+    __slots__ = ("_context", "_layer", "_log_tokens", "_span", "token")
 
-    def __init__(self, session_id: str | None, middleware: SessionMiddleware, span: Any) -> None:
+    def __init__(self, session_id: str | None, layer: SessionLayer, span: Any) -> None:
         # (dict.__init__ is not called: the mapping starts empty, and this runs on every request)
-        self._middleware = middleware
+        self._layer = layer
         self._span = span
         self.token: str | None = None  # set when issued here: the reply hands it to the caller
         self._log_tokens: list[Any] | None = None
+        self._context: contextvars.Token[RequestSession | None] | None = None
         if session_id is not None:
             self._adopt(session_id)
 
@@ -277,10 +279,14 @@ class _Session(dict[str, str]):
     def session_id(self) -> str:
         found = dict.get(self, SESSION_ID_KEY)
         if found is None:
-            found = self._middleware.new_session_id()
-            self.token = self._middleware.signer.issue(found)
+            found = self._layer.new_session_id()
+            self.token = self._layer.signer.issue(found)
             self._adopt(found)
         return found
+
+    def reply_start(self, message: Message) -> Message:
+        """``message`` (an ``http.response.start``) handing back a session issued during this request."""
+        return self._layer.reply_start(message, self)
 
     def __missing__(self, key: str) -> str:
         if key == SESSION_ID_KEY:
@@ -291,7 +297,7 @@ class _Session(dict[str, str]):
         return self.session_id if key == SESSION_ID_KEY else dict.get(self, key, default)
 
 
-_CURRENT: Final[contextvars.ContextVar[_Session | None]] = contextvars.ContextVar(
+_CURRENT: Final[contextvars.ContextVar[RequestSession | None]] = contextvars.ContextVar(
     "gym_obs_session", default=None
 )
 
@@ -303,13 +309,98 @@ def current_session_id() -> str | None:
     return session.session_id if session is not None else None
 
 
+class SessionLayer:
+    """The steps of sessions for one request, without a middleware of their own.
+
+    ``SimpleServer`` runs them inside the failure-reply layer (one coroutine and one ``send`` wrapper per
+    request for both, see ``_failure_reply``); :class:`SessionMiddleware` runs them as a standalone pure
+    ASGI middleware. ``open`` -> handler -> ``reply_start`` on the response start -> ``close``.
+    """
+
+    __slots__ = ("excluded_paths", "owns", "routing", "signer")
+
+    def __init__(
+        self,
+        *,
+        signer: SessionSigner,
+        routing: OwnedSessionRouting | None = None,
+        owns: Callable[[str], bool] | None = None,
+        excluded_paths: Iterable[str] = (),
+    ) -> None:
+        self.signer = signer
+        self.routing = routing or OwnedSessionRouting()
+        self.owns = owns
+        self.excluded_paths = frozenset(excluded_paths)
+
+    def new_session_id(self) -> str:
+        """A fresh id; under owner routing, drawn until this worker owns it (served where it was created)."""
+        session_id = self.signer.new_session_id()
+        if self.owns is not None:
+            for _ in range(10_000):
+                if self.owns(session_id):
+                    break
+                session_id = self.signer.new_session_id()
+        return session_id
+
+    def open(self, scope: Scope) -> RequestSession | None:
+        """Resolve the request's session from its headers (or the owner router) and make it current;
+        ``None`` when the JSON body must be read first (then call :meth:`open_reading_body`)."""
+        session_id: str | None = scope.pop(RESOLVED_SCOPE_KEY, None)
+        if session_id is None:
+            headers = scope["headers"]
+            session_id = session_from_headers(headers, self.signer, self.routing)
+            wants_body = self.routing.json_field and scope["type"] == "http"
+            if session_id is None and wants_body and _is_json(headers):
+                return None
+        return self._start(scope, session_id)
+
+    async def open_reading_body(self, scope: Scope, receive: Receive) -> tuple[RequestSession, Receive]:
+        """:meth:`open` for a session named by a JSON field: the body is read and replayed."""
+        messages, body = await read_body(receive)
+        field = self.routing.json_field
+        session_id = json_field_value(body, field) if field else None
+        return self._start(scope, session_id), replaying(messages, receive)
+
+    def _start(self, scope: Scope, session_id: str | None) -> RequestSession:
+        session = RequestSession(session_id, self, trace.get_current_span() if STATE.enabled else None)
+        scope["session"] = session
+        session._context = _CURRENT.set(session)
+        return session
+
+    def reply_start(self, message: Message, session: RequestSession) -> Message:
+        """The ``http.response.start`` message with a session issued during this request handed back."""
+        token = session.token
+        if token is None:
+            return message
+        extra = [(_HEADER, token.encode("latin-1"))]
+        if self.routing.cookie:
+            extra.append((_SET_COOKIE, self._cookie_header(token)))
+        return {**message, "headers": [*message.get("headers", ()), *extra]}
+
+    @staticmethod
+    def close(session: RequestSession) -> None:
+        """The request is over: the session is no longer current, log lines no longer carry it."""
+        if session._context is not None:
+            _CURRENT.reset(session._context)
+            session._context = None
+        if session._log_tokens is not None:
+            session._unbind()
+
+    def _cookie_header(self, token: str) -> bytes:
+        cookie = f"{_COOKIE}={token}; Path=/; HttpOnly; SameSite=Lax"
+        ttl = self.routing.ownership_ttl_s
+        if ttl is not None:
+            cookie += f"; Max-Age={int(ttl)}"
+        return cookie.encode("latin-1")
+
+
 class SessionMiddleware:
     """Pure ASGI: resolve the caller's session, or issue one when the handler first asks for it; put the id
     on the SERVER span and on log lines; hand a new session's token back on the reply.
 
-    Install it inside the SERVER span (``SimpleServer.build_app`` does). ``owns`` (set under owner routing)
-    says whether this worker owns a session id; new ids are drawn until this worker owns them, so a new
-    session is always served where it was created.
+    Install it inside the SERVER span. ``owns`` (set under owner routing) says whether this worker owns a
+    session id; new ids are drawn until this worker owns them, so a new session is always served where it
+    was created. (``SimpleServer`` runs the same :class:`SessionLayer` fused into its failure-reply layer.)
     """
 
     def __init__(
@@ -322,56 +413,35 @@ class SessionMiddleware:
         excluded_paths: Iterable[str] = (),
     ) -> None:
         self.app = app
-        self.signer = signer
-        self.routing = routing or OwnedSessionRouting()
-        self.owns = owns
-        self.excluded_paths = frozenset(excluded_paths)
+        self.layer = SessionLayer(signer=signer, routing=routing, owns=owns, excluded_paths=excluded_paths)
 
-    def new_session_id(self) -> str:
-        session_id = self.signer.new_session_id()
-        if self.owns is not None:
-            for _ in range(10_000):
-                if self.owns(session_id):
-                    break
-                session_id = self.signer.new_session_id()
-        return session_id
-
-    def _cookie_header(self, token: str) -> bytes:
-        cookie = f"{_COOKIE}={token}; Path=/; HttpOnly; SameSite=Lax"
-        ttl = self.routing.ownership_ttl_s
-        if ttl is not None:
-            cookie += f"; Max-Age={int(ttl)}"
-        return cookie.encode("latin-1")
+    @classmethod
+    def from_layer(cls, app: ASGIApp, layer: SessionLayer) -> SessionMiddleware:
+        """A middleware running an existing :class:`SessionLayer` (same signer, routing and owner check)."""
+        middleware = cls.__new__(cls)
+        middleware.app = app
+        middleware.layer = layer
+        return middleware
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket") or scope["path"] in self.excluded_paths:
+        layer = self.layer
+        if scope["type"] not in ("http", "websocket") or scope["path"] in layer.excluded_paths:
             await self.app(scope, receive, send)
             return
-        session_id: str | None = scope.pop(RESOLVED_SCOPE_KEY, None)
-        if session_id is None:
-            session_id = session_from_headers(scope["headers"], self.signer, self.routing)
-            if session_id is None and self.routing.json_field:
-                session_id, receive = await session_from_request(scope, receive, self.signer, self.routing)
-        span = trace.get_current_span() if STATE.enabled else None
-        session = _Session(session_id, self, span)
-        scope["session"] = session
-        if scope["type"] == "http" and session_id is None:
-            send = self._issuing(send, session)
-        context_token = _CURRENT.set(session)
+        session = layer.open(scope)
+        if session is None:
+            session, receive = await layer.open_reading_body(scope, receive)
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, self._sending(send, session) if scope["type"] == "http" else send)
         finally:
-            _CURRENT.reset(context_token)
-            if session._log_tokens is not None:
-                session._unbind()
+            layer.close(session)
 
-    def _issuing(self, send: Send, session: _Session) -> Send:
-        async def issuing_send(message: Message) -> None:
-            if message["type"] == "http.response.start" and session.token is not None:
-                extra = [(_HEADER, session.token.encode("latin-1"))]
-                if self.routing.cookie:
-                    extra.append((_SET_COOKIE, self._cookie_header(session.token)))
-                message = {**message, "headers": [*message.get("headers", ()), *extra]}
+    def _sending(self, send: Send, session: RequestSession) -> Send:
+        layer = self.layer
+
+        async def session_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = layer.reply_start(message, session)
             await send(message)
 
-        return issuing_send
+        return session_send

@@ -34,6 +34,7 @@ DEFAULT_SAMPLER: Final = "parentbased_always_on"
 DEFAULT_METRIC_EXPORT_INTERVAL_MS: Final = 60_000
 DEFAULT_PROMETHEUS_HOST: Final = "localhost"
 DEFAULT_PROMETHEUS_PORT: Final = 9464
+DEFAULT_SPAN_SCHEDULE_DELAY_MS: Final = 5000
 _DEFAULT_ENDPOINTS: Final = {"http/protobuf": "http://localhost:4318", "grpc": "http://localhost:4317"}
 _HTTP_PATHS: Final = {"traces": "/v1/traces", "metrics": "/v1/metrics"}
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
@@ -70,6 +71,7 @@ class Settings:
     export_timeout_ms: int
     problems: tuple[str, ...] = field(default=())
     file_export_dir: str = DEFAULT_FILE_EXPORT_DIR  # for the `file` exporter
+    span_schedule_delay_ms: int = DEFAULT_SPAN_SCHEDULE_DELAY_MS  # OTEL_BSP_SCHEDULE_DELAY
 
 
 class _Problems:
@@ -284,6 +286,12 @@ def resolve_settings(config: TelemetryConfig, env: Mapping[str, str]) -> Setting
         )
     )
     resource = parse_resource_attributes(env.get("OTEL_RESOURCE_ATTRIBUTES"), problems)
+    schedule_delay = _positive_int(
+        "OTEL_BSP_SCHEDULE_DELAY",
+        _env(env, "OTEL_BSP_SCHEDULE_DELAY"),
+        DEFAULT_SPAN_SCHEDULE_DELAY_MS,
+        problems,
+    )
     return Settings(
         enabled=enabled,
         traces_exporters=traces,
@@ -305,6 +313,7 @@ def resolve_settings(config: TelemetryConfig, env: Mapping[str, str]) -> Setting
         file_export_dir=config.file_export_dir
         or _env(env, names.ENV_TELEMETRY_DIR)
         or DEFAULT_FILE_EXPORT_DIR,
+        span_schedule_delay_ms=schedule_delay,
     )
 
 

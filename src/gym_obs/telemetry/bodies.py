@@ -13,7 +13,9 @@ visible stand-ins (``\\n`` and ``\\t`` are kept so tracebacks stay readable), so
 to a terminal or embed in a log line.
 
 Large bodies are never decoded or scrubbed whole: only a window at each end is. Windows are cut on a line
-break (else a space) near the cut point, so a token such as an API key is not split in half by the cut.
+break (else a space) near the cut point, so a token such as an API key is not split in half by the cut; where
+no break is near, the text just past the cut is scrubbed along with the window, so a secret split by the cut
+is still recognised and removed.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ _UNRENDERABLE: Final = "<unrenderable body>"
 _FULL_RENDER_FACTOR: Final = 4
 _FULL_RENDER_EXTRA: Final = 8192
 _MAX_ALIGN: Final = 256
+_SCRUB_MARGIN: Final = 512  # units past each cut that are scrubbed along with the window (see _scrubbed_head)
 
 
 def _build_escape_table() -> dict[int, str]:
@@ -106,10 +109,44 @@ def _bounded_excerpt(content: bytes | str | None, limit: int) -> str:
     if isinstance(content, bytes):
         head_end = _utf8_back(content, head_end)
         tail_start = _utf8_forward(content, tail_start)
-    head = _render(_decode(content[:head_end]))[:head_budget]
-    tail = _render(_decode(content[tail_start:]))
+    head = _scrubbed_head(content, head_end)[:head_budget]
+    tail = _scrubbed_tail(content, tail_start)
     tail = tail[max(len(tail) - tail_budget, 0) :]
     return head + elision_marker(tail_start - head_end, unit) + tail
+
+
+def _scrubbed_head(content: bytes | str, end: int) -> str:
+    """``content[:end]`` rendered; a secret the cut splits is scrubbed as if seen whole.
+
+    Scrubbing only the window would leave the first part of a key that the cut made too short to
+    recognise (``sk-abc`` of ``sk-abc…``), so the window is also rendered with ``_SCRUB_MARGIN`` more units
+    and, where the two differ, the wider rendering is shown (cut to the same length).
+    """
+    plain = _render(_decode(content[:end]))
+    wide_end = min(end + _SCRUB_MARGIN, len(content))
+    if wide_end == end or _at_line_break(content, end):  # no secret pattern spans a line break
+        return plain
+    if isinstance(content, bytes):
+        wide_end = _utf8_back(content, wide_end)
+    wide = _render(_decode(content[:wide_end]))
+    return plain if wide.startswith(plain) else wide[: len(plain)]
+
+
+def _scrubbed_tail(content: bytes | str, start: int) -> str:
+    """``content[start:]`` rendered; a secret the cut splits (``api_key=`` | ``value``) is scrubbed."""
+    plain = _render(_decode(content[start:]))
+    wide_start = max(start - _SCRUB_MARGIN, 0)
+    if wide_start == start or _at_line_break(content, start):
+        return plain
+    if isinstance(content, bytes):
+        wide_start = _utf8_forward(content, wide_start)
+    wide = _render(_decode(content[wide_start:]))
+    return plain if wide.endswith(plain) else wide[max(len(wide) - len(plain), 0) :]
+
+
+def _at_line_break(content: bytes | str, cut: int) -> bool:
+    """True when a line break sits right before or at ``cut``."""
+    return (cut > 0 and _is_newline(content[cut - 1])) or (cut < len(content) and _is_newline(content[cut]))
 
 
 def _is_space(unit: str | int) -> bool:

@@ -22,6 +22,7 @@ ATTR_RUN_ID: Final = "gym.run.id"
 
 # --- semantic-convention attributes ----------------------------------------------------------------------
 ATTR_HTTP_REQUEST_METHOD: Final = "http.request.method"
+ATTR_HTTP_REQUEST_METHOD_ORIGINAL: Final = "http.request.method_original"  # spans only, when not canonical
 ATTR_HTTP_RESPONSE_STATUS_CODE: Final = "http.response.status_code"
 ATTR_HTTP_REQUEST_RESEND_COUNT: Final = "http.request.resend_count"
 ATTR_HTTP_ROUTE: Final = "http.route"

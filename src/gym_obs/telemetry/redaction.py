@@ -11,6 +11,8 @@ import re
 from collections.abc import Mapping
 from typing import Final
 
+from gym_obs.telemetry import names
+
 __all__ = [
     "REDACTED",
     "REDACTED_USERINFO",
@@ -47,6 +49,7 @@ SENSITIVE_HEADERS: Final[frozenset[str]] = frozenset(
         "x-csrf-token",
         "x-xsrf-token",
         "openai-api-key",
+        names.SESSION_HEADER.lower(),  # a signed session token: whoever holds it is that session
     }
 )
 """Header names (lowercase) whose values are never recorded."""
@@ -66,11 +69,17 @@ def redact_url(url: str) -> str:
     """Return ``url`` without query, fragment and credentials; scheme, host, port and path are kept as is.
 
     Accepts absolute URLs (``scheme://authority/path``), scheme-relative ``//authority/path`` and absolute
-    paths (``/path``). Anything else, including values with control characters (log injection), yields
+    paths (``/path``), as ``str``, UTF-8 ``bytes`` or any object whose ``str()`` is a URL (``yarl.URL``).
+    Anything else, including values with control characters (log injection), yields
     :data:`URL_PLACEHOLDER`: the input itself is never echoed back when it cannot be parsed.
     """
     try:
-        text = url if isinstance(url, str) else str(url)
+        if isinstance(url, str):
+            text = url
+        elif isinstance(url, bytes | bytearray | memoryview):
+            text = bytes(url).decode("utf-8")  # undecodable bytes are not a URL: placeholder below
+        else:
+            text = str(url)  # yarl.URL, httpx.URL, pathlib-like objects
         return _redact_url(text.strip())
     except Exception:
         return URL_PLACEHOLDER
@@ -93,6 +102,8 @@ def _redact_url(url: str) -> str:
         if idx != -1 and idx < auth_end:
             auth_end = idx
     authority = url[rest_start:auth_end]
+    if "\\" in authority:  # browsers read a backslash as "/": which host is meant is ambiguous
+        return URL_PLACEHOLDER
     at = authority.rfind("@")
     hostport = authority[at + 1 :] if at != -1 else authority
     hp = _HOSTPORT_RE.fullmatch(hostport)

@@ -23,7 +23,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from opentelemetry import metrics as otel_metrics
@@ -58,6 +58,7 @@ from gym_obs.telemetry._exporters import (
     build_span_exporters,
     quiet_sdk_loggers,
 )
+from gym_obs.telemetry._sdk_env import SDK_ENV_PROBLEMS
 from gym_obs.telemetry._state import STATE
 from gym_obs.telemetry.metrics import instruments_for
 from gym_obs.telemetry.redaction import scrub_text
@@ -152,6 +153,10 @@ def _ms_until(deadline: float) -> int:
     return int(max(deadline - time.monotonic(), 0.0) * 1000)
 
 
+def _first_line(exc: BaseException) -> str:
+    return (scrub_text(str(exc)).splitlines() or [repr(exc)])[0][:200]
+
+
 def _bounded(step: str, fn: Callable[[], Any], deadline: float, failures: list[str]) -> None:
     """Run ``fn`` in a daemon thread until ``deadline``: a hung exporter cannot hang the caller.
 
@@ -163,8 +168,7 @@ def _bounded(step: str, fn: Callable[[], Any], deadline: float, failures: list[s
         try:
             outcome.append("" if fn() is not False else f"{step} failed")
         except Exception as exc:
-            first_line = (scrub_text(str(exc)).splitlines() or [repr(exc)])[0][:200]
-            outcome.append(f"{step} failed ({first_line})")
+            outcome.append(f"{step} failed ({_first_line(exc)})")
 
     worker = threading.Thread(target=run, name="gym-obs-telemetry-stop", daemon=True)
     worker.start()
@@ -196,6 +200,8 @@ def setup_telemetry(
                         "telemetry already set up for %r; ignoring %r", STATE.server_name, server_name
                     )
                 return _handle
+            if isinstance(config, Mapping):  # a plain dict (from YAML) is accepted and validated
+                config = TelemetryConfig.model_validate(dict(config))
             handle = _setup(server_name, server_type, config or TelemetryConfig())
             if handle.enabled:  # a disabled set-up installs nothing, so a later call may still turn it on
                 _handle = handle
@@ -233,7 +239,7 @@ def _disable_state() -> None:
 
 def _setup(server_name: str, server_type: str | None, config: TelemetryConfig) -> TelemetryHandle:
     settings = resolve_settings(config, os.environ)
-    problems = list(settings.problems)
+    problems = [*_sdk_env_problems_once(), *settings.problems]
     STATE.server_name = server_name
     STATE.propagation_targets = settings.propagation_targets
     os.environ.setdefault(names.ENV_RUN_ID, settings.run_id)
@@ -247,8 +253,19 @@ def _setup(server_name: str, server_type: str | None, config: TelemetryConfig) -
     timeout_s = settings.export_timeout_ms / 1000
     stoppers: list[Callable[[], None]] = []
 
-    tp, owns_tp = _tracer_provider(settings, resource, timeout_s, problems)
-    mp, owns_mp = _meter_provider(settings, resource, timeout_s, problems, stoppers)
+    try:
+        tp, owns_tp = _tracer_provider(settings, resource, timeout_s, problems)
+    except Exception as exc:  # one signal failing must not take the other down
+        problems.append(f"cannot set up tracing ({_first_line(exc)}); traces are off")
+        tp, owns_tp = None, False
+    try:
+        mp, owns_mp = _meter_provider(settings, resource, timeout_s, problems, stoppers)
+    except Exception as exc:
+        problems.append(f"cannot set up metrics ({_first_line(exc)}); metrics are off")
+        mp, owns_mp = None, False
+        for stop in stoppers:  # e.g. a Prometheus endpoint started before the failure
+            _bounded("endpoint stop", stop, time.monotonic() + 2.0, [])
+        stoppers.clear()
     _report(problems)
     if tp is None and mp is None:
         LOGGER.warning("telemetry was enabled but no exporter is usable; telemetry is off")
@@ -281,6 +298,18 @@ def _setup(server_name: str, server_type: str | None, config: TelemetryConfig) -
     return handle
 
 
+_sdk_env_reported = False
+
+
+def _sdk_env_problems_once() -> list[str]:
+    """The environment repairs made at import, the first time telemetry is set up (they happen once)."""
+    global _sdk_env_reported
+    if _sdk_env_reported:
+        return []
+    _sdk_env_reported = True
+    return list(SDK_ENV_PROBLEMS)
+
+
 def _report(problems: list[str]) -> None:
     for problem in problems:
         LOGGER.warning("telemetry configuration: %s", problem)
@@ -305,7 +334,18 @@ def _resource(
         attributes[names.ATTR_SERVER_TYPE] = server_type
     attributes[names.ATTR_RUN_ID] = settings.run_id
     attributes.update(config.resource_attributes)
-    return Resource(attributes)
+    return Resource({key: _encodable(value) for key, value in attributes.items()})
+
+
+def _encodable(value: Any) -> Any:
+    """Strings that cannot be UTF-8 encoded (lone surrogates from a garbage environment) would make every
+    export fail; their bad characters are replaced."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "replace").decode("utf-8")
+    return value
 
 
 def _sampler(settings: Settings) -> Sampler:
@@ -350,6 +390,7 @@ def _tracer_provider(
         tp.add_span_processor(
             BatchSpanProcessor(
                 exporter,
+                schedule_delay_millis=settings.span_schedule_delay_ms,
                 max_queue_size=settings.span_queue_size,
                 max_export_batch_size=settings.span_batch_size,
                 export_timeout_millis=settings.export_timeout_ms,

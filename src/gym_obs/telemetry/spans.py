@@ -44,7 +44,7 @@ def client_span(name: str, **attributes: AttributeValue | None) -> Iterator[Span
     clean: dict[str, AttributeValue] = {}
     for key, value in attributes.items():
         if value is not None:
-            clean[key] = redact_url(str(value)) if key == names.ATTR_URL_FULL else value
+            clean[key] = _clean_attribute(key, value)
     span = tracer.start_span(name, kind=SpanKind.CLIENT, attributes=clean)
     token = otel_context.attach(trace.set_span_in_context(span))
     try:
@@ -62,6 +62,16 @@ def client_span(name: str, **attributes: AttributeValue | None) -> Iterator[Span
     finally:
         otel_context.detach(token)
         span.end()
+
+
+def _clean_attribute(key: str, value: AttributeValue) -> AttributeValue:
+    """``url.full`` is redacted; any other string that holds a URL (``http.url``, a free-text note) loses
+    its credentials and query too. A string without ``://`` passes untouched (one substring check)."""
+    if key == names.ATTR_URL_FULL:
+        return redact_url(str(value))
+    if isinstance(value, str) and "://" in value:
+        return scrub_text(value)
+    return value
 
 
 def record_exception(span: Span, exc: BaseException) -> None:
