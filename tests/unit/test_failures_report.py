@@ -289,3 +289,16 @@ def test_forwarding_a_truncated_remote_chain_keeps_its_gaps_counted() -> None:
     second = failure_report_for(top)
     assert len(second.events) + sum(r.get("skipped", 0) for r in second.events.values()) == 102
     assert getattr(remote, "skipped_causes", 0) == first.events[remote.event_id].get("skipped", 0)
+
+
+def test_a_peers_reason_is_scrubbed_again_and_loses_control_characters() -> None:
+    """A peer may be older or buggy: its free text is treated like any other untrusted text."""
+    from gym_obs.failures import NgFailureEvent as _Event
+    from gym_obs.failures.report import validate_failure_event_map as _validate
+
+    record = _Event("verifier_error", "ok", boundary="resources_server").to_record()
+    record["failure_reason"] = "boom api_key=sk-livesecretvalue0123456789 \x1b[31mred\x1b[0m\nnext line"
+    clean = _validate({record["event_id"]: record})[record["event_id"]]
+    assert "sk-livesecretvalue0123456789" not in clean["failure_reason"]
+    assert "\x1b" not in clean["failure_reason"]
+    assert "\nnext line" in clean["failure_reason"]

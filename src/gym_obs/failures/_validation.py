@@ -28,8 +28,16 @@ from gym_obs.failures._base import (
 )
 from gym_obs.failures._details import check_remote_details
 from gym_obs.failures.kinds import BOUNDARIES, MAX_KIND_CHARS, STAGES, validate_failure_kind
+from gym_obs.telemetry.redaction import scrub_text
 
 _MAX_RECORD_KEYS = 32
+# C0 controls (but newline and tab) and DEL: a peer's reason must not rewrite this process's log lines.
+_CONTROL_CHARS = {code: "\ufffd" for code in (*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F)}
+
+
+def _remote_reason(reason: str) -> str:
+    """A peer's reason, bounded, scrubbed again (a peer may be older or buggy) and free of control chars."""
+    return scrub_text(bounded(reason, MAX_REASON_CHARS)).translate(_CONTROL_CHARS)[:MAX_REASON_CHARS]
 
 
 def validate_record(key: object, record: object) -> dict[str, Any]:
@@ -61,14 +69,14 @@ def validate_record(key: object, record: object) -> dict[str, Any]:
             "event_id": event_id,
             "failure_kind": None,
             "exception_type": _label(record.get("exception_type"), "exception_type", MAX_TYPE_NAME_CHARS),
-            "failure_reason": bounded(reason, MAX_REASON_CHARS),
+            "failure_reason": _remote_reason(reason),
             "cause_id": cause_id,
             "details": check_remote_details(record.get("details")),
         }
         if clean["exception_type"] is None:
             raise InvalidFailureReport("a foreign-cause record needs an exception_type")
     else:
-        clean = _gym_record(record, event_id, cause_id, kind, bounded(reason, MAX_REASON_CHARS))
+        clean = _gym_record(record, event_id, cause_id, kind, _remote_reason(reason))
     if skipped:
         clean["skipped"] = skipped
     return clean
