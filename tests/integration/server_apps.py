@@ -104,7 +104,7 @@ class DemoAgentServer(SimpleServer):
                         "key": body.get("key"),
                         "fail_times": body.get("model_fail_times", 0),
                     },
-                    _route="POST /v1/responses",
+                    _route="/v1/responses",
                 )
                 try:
                     await raise_boundary_failure(response)
@@ -115,7 +115,7 @@ class DemoAgentServer(SimpleServer):
                 model = await response.json()
                 break
             response = await self.server_client.post(
-                "resources", "/verify", json={"explode": body.get("explode", False)}, _route="POST /verify"
+                "resources", "/verify", json={"explode": body.get("explode", False)}, _route="/verify"
             )
             await raise_boundary_failure(response)
             verified = await response.json()

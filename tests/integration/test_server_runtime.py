@@ -100,9 +100,7 @@ async def test_one_request_is_one_trace_across_three_processes(
     client: ServerClient, receiver: OtlpReceiver, telemetry: Capture
 ) -> None:
     with rollout_context("rollout-7"):
-        response = await client.post(
-            "agent", "/run", json={"input": "hi", "key": "trace"}, _route="POST /run"
-        )
+        response = await client.post("agent", "/run", json={"input": "hi", "key": "trace"}, _route="/run")
         body = await response.json()
     assert response.status == 200, body
     assert body["rollout_id"] == "rollout-7"
@@ -128,6 +126,9 @@ async def test_one_request_is_one_trace_across_three_processes(
     assert model_server.parent_span_id == agent_clients["model"].span_id
     assert resources_server.parent_span_id == agent_clients["resources"].span_id
     assert agent_server.name == "POST /run"
+    assert caller.name == "POST /run"  # {METHOD} {route template}, never the raw path
+    assert agent_clients["model"].name == "POST /v1/responses"
+    assert agent_clients["resources"].name == "POST /verify"
     for span in (agent_server, model_server, resources_server, *agent_clients.values()):
         assert span.attributes[names.ATTR_ROLLOUT_ID] == "rollout-7"
     assert agent_server.resource[names.ATTR_SERVER_TYPE] == "responses_api_agents"
