@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
-from typing import Any, Final
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final, TypeVar
 
 from opentelemetry.sdk.metrics.export import (
     ConsoleMetricExporter,
@@ -194,6 +194,31 @@ def otlp_metric_exporter(target: OtlpTarget, timeout_s: float) -> MetricExporter
     return HttpMetricExporter(endpoint=target.endpoint, timeout=timeout_s)
 
 
+_Exporter = TypeVar("_Exporter", SpanExporter, MetricExporter)
+
+
+def _build_exporters(
+    signal: str,
+    names: Sequence[str],
+    factories: Mapping[str, Callable[[], tuple[str, _Exporter]]],
+    wrap: Callable[[_Exporter, str], _Exporter],
+    problems: list[str],
+) -> list[tuple[str, _Exporter]]:
+    """Build, describe and wrap the exporter of each name; one that cannot be built becomes a problem."""
+    built: list[tuple[str, _Exporter]] = []
+    for name in names:
+        factory = factories.get(name)
+        if factory is None:
+            continue  # "none", "prometheus" (a pull reader, built elsewhere) or already reported by _env
+        try:
+            what, exporter = factory()
+        except Exception as exc:
+            problems.append(f"cannot create the {name} {signal} exporter ({exc!r}); it is skipped")
+            continue
+        built.append((what, wrap(exporter, what)))
+    return built
+
+
 def build_span_exporters(
     names: Sequence[str],
     target: OtlpTarget | None,
@@ -203,26 +228,24 @@ def build_span_exporters(
     file_dir: str = "telemetry",
     service_label: str = "gym",
 ) -> list[tuple[str, SpanExporter]]:
-    """The wrapped span exporters for ``names``; one that cannot be built becomes a problem."""
-    built: list[tuple[str, SpanExporter]] = []
-    for name in names:
-        try:
-            if name == "file":
-                from gym_obs.telemetry.file_export import file_span_exporter
+    """The wrapped span exporters for ``names``."""
 
-                file_exporter = file_span_exporter(file_dir, service_label)
-                what = f"file span export to {file_exporter.path}"
-                built.append((what, SafeSpanExporter(file_exporter, what)))
-            if name == "otlp" and target is not None:
-                what = f"OTLP {target.protocol} span export to {redact_url(target.endpoint)}"
-                built.append((what, SafeSpanExporter(otlp_span_exporter(target, timeout_s), what)))
-            elif name == "console":
-                built.append(
-                    ("console span export", SafeSpanExporter(ConsoleSpanExporter(), "console spans"))
-                )
-        except Exception as exc:
-            problems.append(f"cannot create the {name} span exporter ({exc!r}); it is skipped")
-    return built
+    def file() -> tuple[str, SpanExporter]:
+        from gym_obs.telemetry.file_export import file_span_exporter
+
+        exporter = file_span_exporter(file_dir, service_label)
+        return f"file span export to {exporter.path}", exporter
+
+    factories: dict[str, Callable[[], tuple[str, SpanExporter]]] = {
+        "file": file,
+        "console": lambda: ("console span export", ConsoleSpanExporter()),
+    }
+    if target is not None:
+        factories["otlp"] = lambda: (
+            f"OTLP {target.protocol} span export to {redact_url(target.endpoint)}",
+            otlp_span_exporter(target, timeout_s),
+        )
+    return _build_exporters("span", names, factories, SafeSpanExporter, problems)
 
 
 def build_metric_exporters(
@@ -235,21 +258,20 @@ def build_metric_exporters(
     service_label: str = "gym",
 ) -> list[tuple[str, MetricExporter]]:
     """The wrapped push metric exporters for ``names`` (Prometheus is a pull reader, built elsewhere)."""
-    built: list[tuple[str, MetricExporter]] = []
-    for name in names:
-        try:
-            if name == "file":
-                from gym_obs.telemetry.file_export import file_metric_exporter
 
-                file_exporter = file_metric_exporter(file_dir, service_label)
-                what = f"file metric export to {file_exporter.path}"
-                built.append((what, SafeMetricExporter(file_exporter, what)))
-            if name == "otlp" and target is not None:
-                what = f"OTLP {target.protocol} metric export to {redact_url(target.endpoint)}"
-                built.append((what, SafeMetricExporter(otlp_metric_exporter(target, timeout_s), what)))
-            elif name == "console":
-                exporter = SafeMetricExporter(ConsoleMetricExporter(), "console metrics")
-                built.append(("console metric export", exporter))
-        except Exception as exc:
-            problems.append(f"cannot create the {name} metric exporter ({exc!r}); it is skipped")
-    return built
+    def file() -> tuple[str, MetricExporter]:
+        from gym_obs.telemetry.file_export import file_metric_exporter
+
+        exporter = file_metric_exporter(file_dir, service_label)
+        return f"file metric export to {exporter.path}", exporter
+
+    factories: dict[str, Callable[[], tuple[str, MetricExporter]]] = {
+        "file": file,
+        "console": lambda: ("console metric export", ConsoleMetricExporter()),
+    }
+    if target is not None:
+        factories["otlp"] = lambda: (
+            f"OTLP {target.protocol} metric export to {redact_url(target.endpoint)}",
+            otlp_metric_exporter(target, timeout_s),
+        )
+    return _build_exporters("metric", names, factories, SafeMetricExporter, problems)
