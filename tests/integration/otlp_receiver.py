@@ -27,6 +27,17 @@ SPAN_KIND_SERVER = 2
 SPAN_KIND_CLIENT = 3
 
 
+def otlp_traces_telemetry(port: int) -> dict[str, Any]:
+    """The ``telemetry`` section of a global config that sends spans to an ``OtlpReceiver`` on ``port``."""
+    return {
+        "enabled": True,
+        "traces_exporter": "otlp",
+        "metrics_exporter": "none",
+        "otlp_endpoint": f"http://127.0.0.1:{port}",
+        "otlp_protocol": "http/protobuf",
+    }
+
+
 def _value(value: AnyValue) -> Any:
     which = value.WhichOneof("value")
     return None if which is None else getattr(value, which)

@@ -28,7 +28,12 @@ from gym_obs.telemetry import names
 from gym_obs.telemetry.propagation import async_rollout_prefix_hook, rollout_context, rollout_prefix_hook
 from gym_obs.telemetry.spans import client_span, current_ids
 from gym_obs.telemetry.testing import Capture
-from tests.integration.otlp_receiver import SPAN_KIND_SERVER, OtlpReceiver, ReceivedSpan
+from tests.integration.otlp_receiver import (
+    SPAN_KIND_SERVER,
+    OtlpReceiver,
+    ReceivedSpan,
+    otlp_traces_telemetry,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -44,13 +49,7 @@ def _config(profiles: Path) -> GlobalConfig:
     return parse_global_config(
         {
             "head_server": {"port": HEAD_PORT},
-            "telemetry": {
-                "enabled": True,
-                "traces_exporter": "otlp",
-                "metrics_exporter": "none",
-                "otlp_endpoint": f"http://127.0.0.1:{RECEIVER_PORT}",
-                "otlp_protocol": "http/protobuf",
-            },
+            "telemetry": otlp_traces_telemetry(RECEIVER_PORT),
             "servers": {
                 "model": {
                     "entrypoint": f"{APPS}:RuntimeModelServer",

@@ -21,7 +21,7 @@ from gym_obs.config import GlobalConfig, parse_global_config
 from gym_obs.server._session_routing import owner_slot
 from gym_obs.server.launcher import Launch, LaunchError, launch
 from gym_obs.telemetry import names
-from tests.integration.otlp_receiver import SPAN_KIND_SERVER, OtlpReceiver
+from tests.integration.otlp_receiver import SPAN_KIND_SERVER, OtlpReceiver, otlp_traces_telemetry
 
 pytestmark = pytest.mark.integration
 
@@ -36,13 +36,7 @@ def _config(entrypoint: str = "SessionCounterServer", port: int = PORT) -> Globa
     return parse_global_config(
         {
             "head_server": {"port": HEAD_PORT},
-            "telemetry": {
-                "enabled": True,
-                "traces_exporter": "otlp",
-                "metrics_exporter": "none",
-                "otlp_endpoint": f"http://127.0.0.1:{RECEIVER_PORT}",
-                "otlp_protocol": "http/protobuf",
-            },
+            "telemetry": otlp_traces_telemetry(RECEIVER_PORT),
             "servers": {
                 "resources": {
                     "entrypoint": f"{APPS}:{entrypoint}",

@@ -27,7 +27,13 @@ from gym_obs.server.launcher import Launch, launch
 from gym_obs.telemetry import names
 from gym_obs.telemetry.propagation import rollout_context
 from gym_obs.telemetry.testing import Capture
-from tests.integration.otlp_receiver import SPAN_KIND_CLIENT, SPAN_KIND_SERVER, OtlpReceiver, ReceivedSpan
+from tests.integration.otlp_receiver import (
+    SPAN_KIND_CLIENT,
+    SPAN_KIND_SERVER,
+    OtlpReceiver,
+    ReceivedSpan,
+    otlp_traces_telemetry,
+)
 from tests.integration.server_apps import SECRET
 
 pytestmark = pytest.mark.integration
@@ -41,13 +47,7 @@ def _config() -> GlobalConfig:
     return parse_global_config(
         {
             "head_server": {"host": "127.0.0.1", "port": HEAD_PORT},
-            "telemetry": {
-                "enabled": True,
-                "traces_exporter": "otlp",
-                "metrics_exporter": "none",
-                "otlp_endpoint": f"http://127.0.0.1:{RECEIVER_PORT}",
-                "otlp_protocol": "http/protobuf",
-            },
+            "telemetry": otlp_traces_telemetry(RECEIVER_PORT),
             "servers": {
                 "agent": {
                     "entrypoint": f"{APPS}:DemoAgentServer",
