@@ -266,7 +266,7 @@ def test_embedded_default_with_every_fault(tmp_path: Path) -> None:
         {"server": "model", "route": "/v1/responses", "rate": 0.03, "action": "status", "status": 429},
         {"server": "agent", "route": "/run", "rate": 0.05, "action": "disconnect"},
         {"server": "agent_0", "route": "/run", "rate": 0.1, "action": "delay", "seconds": 0.05},
-        {"server": "resources", "route": "/verify", "rate": 0.2, "action": "raise"},
+        {"server": "resources", "route": "/verify", "rate": 0.2, "action": "raise", "exception": "OSError"},
     )
     out = tmp_path / "out"
     done = run_harness(

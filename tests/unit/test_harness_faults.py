@@ -95,7 +95,7 @@ def test_selector_keeps_only_its_rules_and_counts() -> None:
 
 def test_rate_is_a_fraction() -> None:
     plan = parse_fault_plan(
-        {"faults": [{"server": "agent", "route": "/run", "action": "raise", "rate": 0.25}]}
+        {"faults": [{"server": "agent", "route": "/run", "action": "delay", "seconds": 1, "rate": 0.25}]}
     )
     selector = FaultSelector("agent", "agent_0", plan, seed=7)
     hits = sum(selector.pick("/run") is not None for _ in range(4000))

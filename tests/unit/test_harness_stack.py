@@ -56,7 +56,7 @@ def test_otlp_prometheus_and_off(tmp_path: Path) -> None:
         "gym/model_0": ["127.0.0.1:19002"],
         "gym/resources_0": ["127.0.0.1:19003"],
     }
-    assert set(layout.ports()) == {18000, 18001, 18002, 18003, 19000, 19001, 19002, 19003}
+    assert {port for port, _ in layout.ports()} == {18000, 18001, 18002, 18003, 19000, 19001, 19002, 19003}
     off = build_layout(HarnessOptions(out=tmp_path, telemetry=False, prometheus_port_base=19000))
     assert off.config.telemetry.enabled is False and off.prometheus_targets == {}
 
@@ -108,3 +108,22 @@ def test_cli_arguments() -> None:
     assert (defaults.rollouts, defaults.concurrency, defaults.otlp_endpoint) == (200, 32, None)
     with pytest.raises(SystemExit):
         build_parser().parse_args(["harness", "run", "--rollouts", "0"])
+
+
+def test_rules_that_can_never_fire_are_warned_about() -> None:
+    from gym_obs.harness.faults import parse_fault_plan
+    from gym_obs.harness.stack import plan_warnings
+
+    plan = parse_fault_plan(
+        {
+            "faults": [
+                {"server": "model", "route": "/verify", "action": "disconnect"},
+                {"server": "model_1", "route": "/v1/*", "action": "disconnect"},
+                {"server": "resources", "route": "*", "action": "disconnect"},
+            ]
+        }
+    )
+    warnings = plan_warnings(plan)
+    assert (
+        len(warnings) == 1 and "faults[0].route '/verify'" in warnings[0] and "/v1/responses" in warnings[0]
+    )

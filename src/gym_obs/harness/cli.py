@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import math
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
+from urllib.parse import urlsplit
 
 __all__ = ["add_harness_parser", "harness_run"]
 
@@ -14,31 +16,97 @@ EXIT_HARNESS_ERROR = 2
 EXIT_INTERRUPTED = 130
 
 
+#: Servers per role: each is a process with its own port; more than this is a typo, not a load test.
+MAX_SERVERS_PER_ROLE = 64
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """A bad argument is one line naming the flag (the usage is one ``--help`` away), exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_HARNESS_ERROR, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _integer(value: str) -> int:
+    try:
+        return int(value.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+
+
+def _number(value: str) -> float:
+    try:
+        number = float(value.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
+    if not math.isfinite(number):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {value!r}")
+    return number
+
+
 def _positive(value: str) -> int:
-    number = int(value)
+    number = _integer(value)
     if number < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
     return number
 
 
+def _server_count(value: str) -> int:
+    number = _positive(value)
+    if number > MAX_SERVERS_PER_ROLE:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_SERVERS_PER_ROLE}, got {number}")
+    return number
+
+
 def _seconds(value: str) -> float:
-    number = float(value)
-    if not 0 <= number < float("inf"):
+    number = _number(value)
+    if number < 0:
         raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {value}")
     return number
 
 
-def _port(value: str) -> int:
-    number = int(value)
-    if not 1 <= number <= 65535:
-        raise argparse.ArgumentTypeError(f"not a TCP port: {number}")
+def _timeout(value: str) -> float:
+    number = _number(value)
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {value}")
     return number
+
+
+def _latency_ms(value: str) -> float:
+    number = _number(value)
+    if not 0 <= number <= 600_000:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 600000 ms, got {value}")
+    return number
+
+
+def _port(value: str) -> int:
+    number = _integer(value)
+    if not 1 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"not a TCP port (1-65535): {number}")
+    return number
+
+
+def _otlp_url(value: str) -> str:
+    """An OTLP endpoint must be an http(s) URL with a host: anything else would silently export nothing."""
+    url = value.strip()
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # raises on a port that is not a number or out of range
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a valid URL ({exc}): {value!r}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(
+            f"expected an http(s) URL with a host, e.g. http://127.0.0.1:4318, got {value!r}"
+        )
+    return url
 
 
 def add_harness_parser(subparsers: Any) -> None:
     """Register ``harness run`` on the ``gym-obs`` dispatcher."""
     parser = subparsers.add_parser("harness", help="drive a demo rollout system with load and faults")
-    actions = parser.add_subparsers(dest="harness_command", metavar="ACTION", required=True)
+    actions = parser.add_subparsers(
+        dest="harness_command", metavar="ACTION", required=True, parser_class=_OneLineParser
+    )
     run = actions.add_parser(
         "run",
         help="start agent/model/resources servers, run rollouts, summarise the telemetry",
@@ -48,11 +116,13 @@ def add_harness_parser(subparsers: Any) -> None:
     )
     run.add_argument("--rollouts", type=_positive, default=200, help="rollouts to run (default 200)")
     run.add_argument("--concurrency", type=_positive, default=32, help="rollouts in flight (default 32)")
-    run.add_argument("--agents", type=_positive, default=1, help="agent servers (default 1)")
-    run.add_argument("--models", type=_positive, default=1, help="model servers (default 1)")
-    run.add_argument("--resources", type=_positive, default=1, help="resources servers (default 1)")
+    run.add_argument("--agents", type=_server_count, default=1, help="agent servers (default 1)")
+    run.add_argument("--models", type=_server_count, default=1, help="model servers (default 1)")
+    run.add_argument("--resources", type=_server_count, default=1, help="resources servers (default 1)")
     run.add_argument("--faults", type=Path, metavar="PLAN.yaml", help="fault plan to inject")
-    run.add_argument("--otlp-endpoint", metavar="URL", help="send spans and metrics to this OTLP collector")
+    run.add_argument(
+        "--otlp-endpoint", type=_otlp_url, metavar="URL", help="send spans and metrics to this OTLP collector"
+    )
     run.add_argument(
         "--prometheus-port-base",
         type=_port,
@@ -68,7 +138,9 @@ def add_harness_parser(subparsers: Any) -> None:
     )
     run.add_argument("--host", default="127.0.0.1", help="address every process binds (default 127.0.0.1)")
     run.add_argument("--no-telemetry", action="store_true", help="run with telemetry off (a baseline)")
-    run.add_argument("--model-latency-ms", type=float, default=10.0, help="median model latency (default 10)")
+    run.add_argument(
+        "--model-latency-ms", type=_latency_ms, default=10.0, help="median model latency (default 10)"
+    )
     run.add_argument(
         "--latency-distribution",
         choices=["constant", "uniform", "exponential", "lognormal"],
@@ -80,12 +152,12 @@ def add_harness_parser(subparsers: Any) -> None:
     )
     run.add_argument(
         "--request-timeout",
-        type=float,
-        default=10.0,
+        type=_timeout,
         metavar="SECONDS",
-        help="timeout of each agent -> model/resources call (default 10)",
+        help="timeout of each agent -> model/resources call; a hung call fails after it (default 5, "
+        "10 when the model latency is large)",
     )
-    run.add_argument("--seed", type=int, help="seed for latencies and fault coin flips")
+    run.add_argument("--seed", type=_integer, help="seed for latencies and fault coin flips")
     run.add_argument(
         "--pool-limit-per-host",
         type=_positive,
@@ -111,14 +183,28 @@ def _raise_keyboard_interrupt(_signum: int, _frame: object) -> None:
 def harness_run(args: argparse.Namespace) -> int:
     """Run the harness; 0 when the run completed, 2 with a message when the harness could not run.
 
-    SIGTERM is handled like Ctrl-C: the servers run in their own sessions, so only the harness can stop
-    them; dying on the signal would leave them running.
+    SIGTERM (and SIGINT, even when a shell started the run in the background with SIGINT ignored) is
+    handled like Ctrl-C: the servers run in their own sessions, so only the harness can stop them; dying on
+    the signal would leave them running.
     """
+    previous = {
+        signum: signal.signal(signum, _raise_keyboard_interrupt) for signum in (signal.SIGTERM, signal.SIGINT)
+    }
+    try:
+        return _run(args)
+    except KeyboardInterrupt:
+        print("gym-obs harness: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _run(args: argparse.Namespace) -> int:
     from gym_obs.harness.faults import FaultPlanError, load_fault_plan
     from gym_obs.harness.run import run_harness
     from gym_obs.harness.stack import HarnessError, HarnessOptions
 
-    previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     try:
         plan = load_fault_plan(args.faults) if args.faults is not None else None
         options = HarnessOptions(
@@ -147,9 +233,4 @@ def harness_run(args: argparse.Namespace) -> int:
     except (HarnessError, FaultPlanError) as exc:
         print(f"gym-obs harness: error: {exc}", file=sys.stderr)
         return EXIT_HARNESS_ERROR
-    except KeyboardInterrupt:
-        print("gym-obs harness: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     return 0

@@ -173,8 +173,13 @@ class FaultMiddleware:
         elif method in ("POST", "PUT"):
             raw = await _read_body(receive, limit=1024 * 1024)
             try:
-                plan = parse_fault_plan(json.loads(raw or b"{}"), source="fault plan")
-            except (ValueError, FaultPlanError) as exc:
+                data = json.loads(raw or b"{}")
+            except ValueError as exc:
+                await _send_json(send, 422, {"detail": f"fault plan: the body is not JSON ({exc})"})
+                return
+            try:
+                plan = parse_fault_plan(data, source="fault plan")
+            except FaultPlanError as exc:
                 await _send_json(send, 422, {"detail": str(exc)})
                 return
             self.selector.set_plan(plan)

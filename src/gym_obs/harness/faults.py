@@ -16,7 +16,15 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 __all__ = [
     "CANARY_SECRET",
@@ -96,12 +104,23 @@ class FaultRule(BaseModel):
             raise ValueError("action 'status' needs 'status' (an HTTP status 400-599)")
         if self.action == "delay" and self.seconds is None:
             raise ValueError("action 'delay' needs 'seconds'")
-        if self.action == "raise" and self.exception is not None:
+        if self.action == "raise":
+            if self.exception is None:
+                raise ValueError(
+                    "action 'raise' needs 'exception' (a builtin Exception class, e.g. ZeroDivisionError)"
+                )
             _exception_class(self.exception)
         return self
 
+    @field_validator("route")
+    @classmethod
+    def _check_route(cls, route: str) -> str:
+        if not route.startswith(("/", "*")):
+            raise ValueError(f"must be a request path starting with '/' (e.g. /verify), got {route!r}")
+        return route
+
     def exception_class(self) -> type[Exception]:
-        """The builtin exception type ``raise`` raises (``RuntimeError`` when unset)."""
+        """The builtin exception type ``raise`` raises (``RuntimeError`` for a rule built without one)."""
         return _exception_class(self.exception or "RuntimeError")
 
     def applies_to(self, role: str, server_name: str) -> bool:
@@ -115,6 +134,12 @@ def _exception_class(name: str) -> type[Exception]:
     candidate = getattr(builtins, name, None)
     if not (isinstance(candidate, type) and issubclass(candidate, Exception)):
         raise ValueError(f"exception {name!r} is not a builtin Exception class (e.g. ZeroDivisionError)")
+    try:
+        candidate("injected fault")
+    except Exception:  # e.g. UnicodeDecodeError needs five arguments
+        raise ValueError(
+            f"exception {name!r} cannot be raised with a message; pick another (e.g. ZeroDivisionError)"
+        ) from None
     return candidate
 
 
@@ -124,6 +149,11 @@ class FaultPlan(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     faults: list[FaultRule] = Field(default_factory=list)
+    _source: str = PrivateAttr(default="fault plan")  # the file it came from, for error messages
+
+    @property
+    def source(self) -> str:
+        return self._source
 
     def for_server(self, role: str, server_name: str) -> FaultPlan:
         """The rules that concern one server, so a server keeps only what it applies."""
@@ -160,11 +190,25 @@ def load_fault_plan(path: str | Path) -> FaultPlan:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise FaultPlanError(f"{source}: cannot read fault plan: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise FaultPlanError(f"{source}: not a UTF-8 text file (expected a YAML fault plan)") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise FaultPlanError(f"{source}: not valid YAML: {exc}") from None
-    return parse_fault_plan(data, source=source)
+        raise FaultPlanError(f"{source}: not valid YAML{_yaml_where(exc)}") from None
+    if data is None:
+        raise FaultPlanError(f"{source}: the plan is empty; expected a mapping with a 'faults' list")
+    plan = parse_fault_plan(data, source=source)
+    plan._source = source
+    return plan
+
+
+def _yaml_where(exc: yaml.YAMLError) -> str:
+    """Where and what, on one line (PyYAML's own message spans several, with a source excerpt)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{where}: {problem}" if problem else where
 
 
 class FaultSelector:

@@ -39,6 +39,7 @@ from gym_obs.harness.stack import (
     StackLayout,
     build_layout,
     check_ports_free,
+    plan_warnings,
     write_prometheus_targets,
 )
 from gym_obs.harness.summary import build_summary, render_summary, write_summary
@@ -172,12 +173,11 @@ async def _drive(
         handle.tracer_provider.get_tracer(names.INSTRUMENTATION_SCOPE) if handle.tracer_provider else None
     )
     meter = handle.meter_provider.get_meter(names.INSTRUMENTATION_SCOPE) if handle.meter_provider else None
-    turns_budget = (options.turns + 2) * 4
     driver = Driver(
         client=client,
         agents=layout.agents,
         run_id=options.run_id,
-        rollout_timeout_s=options.request_timeout_s * turns_budget + 5.0,
+        rollout_timeout_s=options.rollout_timeout_s,
         tracer=tracer if handle.enabled else None,
         instruments=instruments_for(meter) if (meter is not None and handle.enabled) else None,
     )
@@ -213,6 +213,16 @@ def _linger(seconds: float, console: Console) -> None:
         console.print("gym-obs harness: stopping")
 
 
+def _prepare_out(out: Path) -> None:
+    """The output directory must be a writable directory; find out before any process starts."""
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(20, "it is a file, not a directory")
+    out.mkdir(parents=True, exist_ok=True)
+    probe = out / f".gym-obs-write-test-{os.getpid()}"
+    probe.write_bytes(b"")
+    probe.unlink()
+
+
 def _write_config(layout: StackLayout, out: Path) -> None:
     data = layout.config.model_dump(mode="json", exclude_none=True)
     (out / "global_config.yaml").write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
@@ -228,14 +238,21 @@ def run_harness(options: HarnessOptions, console: Console | None = None) -> dict
         raise HarnessError(str(exc)) from None
     check_ports_free(layout)
     out = options.out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
     log_dir = out / "logs"
-    if options.telemetry:
-        options.telemetry_dir.mkdir(parents=True, exist_ok=True)
-    _configure_driver_logging(log_dir, err_console)
-    _write_config(layout, out)
-    targets = write_prometheus_targets(layout, out)
+    try:
+        _prepare_out(out)
+        if options.telemetry:
+            options.telemetry_dir.mkdir(parents=True, exist_ok=True)
+        _configure_driver_logging(log_dir, err_console)
+        _write_config(layout, out)
+        targets = write_prometheus_targets(layout, out)
+    except OSError as exc:
+        raise HarnessError(
+            f"--out {options.out}: cannot write the run's output there ({exc.strerror or exc})"
+        ) from None
     handle = setup_telemetry(DRIVER_NAME, DRIVER_NAME, config=layout.driver_telemetry)
+    for warning in plan_warnings(options.fault_plan) if options.fault_plan else ():
+        err_console.print(f"[yellow]warning[/] {warning}", markup=True, highlight=False)
     err_console.print(
         f"gym-obs harness: {options.rollouts} rollouts, concurrency {options.concurrency}, "
         f"{options.agents} agent(s), {options.models} model(s), {options.resources} resources server(s); "

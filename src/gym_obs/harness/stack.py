@@ -30,10 +30,14 @@ __all__ = [
     "StackLayout",
     "build_layout",
     "check_ports_free",
+    "plan_warnings",
     "write_prometheus_targets",
 ]
 
 DRIVER_NAME: Final = "harness"
+MODEL_MAX_LATENCY_S: Final = 5.0  # the demo model's latency clamp (LatencySpec.max_s)
+AGENT_MAX_TRIES: Final = 4  # the demo agent's tries per call (AgentSettings.max_tries)
+_DEFAULT_CALL_TIMEOUT_S: Final = 5.0
 _METRIC_EXPORT_INTERVAL_MS: Final = 5_000
 _EXPORT_TIMEOUT_MS: Final = 5_000  # a dead collector must not hold the run's shutdown for long
 
@@ -62,7 +66,7 @@ class HarnessOptions:
     latency_distribution: str = "lognormal"
     turns: int = 3
     fanout: int = 3
-    request_timeout_s: float = 10.0
+    request_timeout_s: float | None = None  # None: 5 s, more when the model latency needs it
     seed: int | None = None
     pool_limit_per_host: int | None = None  # data-pool connections per destination, per process
     linger_s: float = 0.0  # keep every process (and its /metrics) up this long after the rollouts
@@ -71,6 +75,25 @@ class HarnessOptions:
     @property
     def telemetry_dir(self) -> Path:
         return self.out / "telemetry"
+
+    @property
+    def call_timeout_s(self) -> float:
+        """Timeout of each agent -> model/resources call: what ends a ``hang``.
+
+        Short by default so an injected hang costs seconds, not minutes; never shorter than twice the
+        longest latency the demo model can draw (its samples are clamped to ``MODEL_MAX_LATENCY_S``).
+        """
+        if self.request_timeout_s is not None:
+            return self.request_timeout_s
+        longest = min(MODEL_MAX_LATENCY_S, 20 * self.model_latency_s)
+        return max(_DEFAULT_CALL_TIMEOUT_S, 2 * longest)
+
+    @property
+    def rollout_timeout_s(self) -> float:
+        """The driver's bound on one ``/run``: every turn and the verify at one call timeout each, plus one
+        call that used all of the agent's tries, so a hung model or verifier is reported by the agent (with
+        its root cause) before the driver gives up, and a hung agent costs a bounded wait."""
+        return self.call_timeout_s * (self.turns + 1 + AGENT_MAX_TRIES) + 2.0
 
 
 @dataclass
@@ -83,13 +106,13 @@ class StackLayout:
     driver_telemetry: TelemetryConfig
     prometheus_targets: dict[str, int] = field(default_factory=dict)  # service.name -> port
 
-    def ports(self) -> dict[int, str]:
+    def ports(self) -> list[tuple[int, str]]:
         """Every TCP port the run will listen on, with what listens there (for the busy-port check)."""
-        ports = {self.config.head_server.port: "head_server"}
+        ports = [(self.config.head_server.port, "head_server")]
         for name, server in self.config.servers.items():
-            ports[server.port] = f"servers.{name}"
+            ports.append((server.port, f"servers.{name}"))
         for service, port in self.prometheus_targets.items():
-            ports[port] = f"/metrics of {service}"
+            ports.append((port, f"/metrics of {service}"))
         return ports
 
 
@@ -102,9 +125,31 @@ def _check_plan_targets(plan: FaultPlan, servers: list[str]) -> None:
         if rule.server not in ROLES and rule.server not in servers:
             known = ", ".join([*ROLES, *servers])
             raise FaultPlanError(
-                f"fault plan: faults[{index}].server: {rule.server!r} is neither a role nor a server of this "
-                f"run (known: {known})"
+                f"{plan.source}: faults[{index}].server: {rule.server!r} is neither a role nor a "
+                f"server of this run (known: {known})"
             )
+
+
+#: The routes each demo role serves (a fault on another path never fires).
+ROLE_ROUTES: Final[dict[str, tuple[str, ...]]] = {
+    "agent": ("/run",),
+    "model": ("/v1/responses",),
+    "resources": ("/verify",),
+}
+
+
+def plan_warnings(plan: FaultPlan) -> list[str]:
+    """Rules that can never fire because their route matches none of the target role's routes."""
+    warnings = []
+    for index, rule in enumerate(plan.faults):
+        role = rule.server if rule.server in ROLES else rule.server.rsplit("_", 1)[0]
+        routes = ROLE_ROUTES.get(role, ())
+        if routes and not any(rule.matches_path(route) for route in routes):
+            warnings.append(
+                f"{plan.source}: faults[{index}].route {rule.route!r} matches no route of the {role} "
+                f"servers ({', '.join(routes)}); this rule will inject nothing"
+            )
+    return warnings
 
 
 def _telemetry(options: HarnessOptions, prometheus_port: int | None) -> TelemetryConfig:
@@ -129,8 +174,34 @@ def _telemetry(options: HarnessOptions, prometheus_port: int | None) -> Telemetr
     )
 
 
+def _check_port_ranges(options: HarnessOptions, servers: int) -> None:
+    """Both port ranges must fit below 65536 and must not overlap: say which flag to change."""
+    last = options.port_base + servers
+    if not options.port_base >= 1 or last > 65535:
+        raise HarnessError(
+            f"--port-base {options.port_base}: the head server and {servers} servers need ports "
+            f"{options.port_base}-{last}, beyond 65535; pick a lower --port-base"
+        )
+    base = options.prometheus_port_base
+    if base is None or not options.telemetry:
+        return
+    prom_last = base + servers
+    if base < 1 or prom_last > 65535:
+        raise HarnessError(
+            f"--prometheus-port-base {base}: the driver and {servers} servers need /metrics ports "
+            f"{base}-{prom_last}, beyond 65535; pick a lower --prometheus-port-base"
+        )
+    if base <= last and options.port_base <= prom_last:
+        raise HarnessError(
+            f"--prometheus-port-base {base}: /metrics ports {base}-{prom_last} overlap the server ports "
+            f"{options.port_base}-{last} (--port-base {options.port_base}); pick ranges that do not overlap"
+        )
+
+
 def build_layout(options: HarnessOptions) -> StackLayout:
-    """The validated global config of the run; raises ``FaultPlanError`` / ``ConfigError`` naming the key."""
+    """The validated global config of the run; raises ``FaultPlanError`` / ``ConfigError`` naming the key,
+    ``HarnessError`` for port ranges that do not fit."""
+    _check_port_ranges(options, options.agents + options.models + options.resources)
     agents = _names("agent", options.agents)
     models = _names("model", options.models)
     resources = _names("resources", options.resources)
@@ -161,12 +232,14 @@ def build_layout(options: HarnessOptions) -> StackLayout:
                 resources=resources,
                 turns=options.turns,
                 fanout=options.fanout,
-                request_timeout_s=options.request_timeout_s,
+                request_timeout_s=options.call_timeout_s,
+                max_tries=AGENT_MAX_TRIES,
             )
         elif role == "model":
             own["latency"] = {
                 "distribution": options.latency_distribution,
                 "median_s": options.model_latency_s,
+                "max_s": MODEL_MAX_LATENCY_S,
             }
         servers[name] = {
             "entrypoint": ENTRYPOINTS[role],
@@ -195,22 +268,27 @@ def build_layout(options: HarnessOptions) -> StackLayout:
 
 def check_ports_free(layout: StackLayout) -> None:
     """Fail before starting anything when a port is taken: a clear message beats a dead child process."""
-    for port, owner in sorted(layout.ports().items()):
+    owners: dict[int, str] = {}
+    for port, owner in layout.ports():
+        if port in owners:
+            raise HarnessError(
+                f"port {port} is assigned twice ({owners[port]} and {owner}); change the port bases"
+            )
+        owners[port] = owner
+    for port, owner in sorted(owners.items()):
         host = layout.config.head_server.host
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
             try:
                 sock.bind((host, port))
-            except OSError as exc:
-                why = (
-                    "is already in use"
-                    if exc.errno == errno.EADDRINUSE
-                    else f"cannot be bound ({exc.strerror})"
-                )
-                raise HarnessError(
-                    f"port {port} on {host} ({owner}) {why}; stop what uses it or pick other ports with "
-                    "--port-base / --prometheus-port-base"
-                ) from None
+            except (OSError, OverflowError) as exc:
+                if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
+                    why = "is already in use; stop what uses it or pick other ports with --port-base"
+                    if layout.prometheus_targets:
+                        why += " / --prometheus-port-base"
+                else:
+                    why = f"cannot be bound ({getattr(exc, 'strerror', None) or exc}); check --host"
+                raise HarnessError(f"port {port} on {host} ({owner}) {why}") from None
 
 
 def write_prometheus_targets(layout: StackLayout, out: Path) -> Path | None:

@@ -191,6 +191,8 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
                 group["example_trace_id"] or "-",
             )
         console.print(table)
+    else:
+        console.print("Failures by root cause: none")
 
     console.print(
         _quantile_table(f"Latency per hop ({summary['hops_source']})", summary["hops"].items(), "hop")
