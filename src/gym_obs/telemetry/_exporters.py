@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final, TypeVar
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Generic, TypeVar
 
 from opentelemetry.sdk.metrics.export import (
     ConsoleMetricExporter,
@@ -197,25 +198,69 @@ def otlp_metric_exporter(target: OtlpTarget, timeout_s: float) -> MetricExporter
 _Exporter = TypeVar("_Exporter", SpanExporter, MetricExporter)
 
 
+@dataclass(frozen=True)
+class _Signal(Generic[_Exporter]):
+    """What differs between building span and metric exporters; everything else is shared."""
+
+    name: str
+    file: Callable[[str, str], tuple[str, _Exporter]]  # (directory, service label) -> (path, exporter)
+    console: Callable[[], _Exporter]
+    otlp: Callable[[OtlpTarget, float], _Exporter]
+    wrap: Callable[[_Exporter, str], _Exporter]
+
+
+def _file_spans(directory: str, service_label: str) -> tuple[str, SpanExporter]:
+    from gym_obs.telemetry.file_export import file_span_exporter  # imported only when chosen
+
+    exporter = file_span_exporter(directory, service_label)
+    return str(exporter.path), exporter
+
+
+def _file_metrics(directory: str, service_label: str) -> tuple[str, MetricExporter]:
+    from gym_obs.telemetry.file_export import file_metric_exporter  # imported only when chosen
+
+    exporter = file_metric_exporter(directory, service_label)
+    return str(exporter.path), exporter
+
+
+_SPANS: Final = _Signal("span", _file_spans, ConsoleSpanExporter, otlp_span_exporter, SafeSpanExporter)
+_METRICS: Final = _Signal(
+    "metric", _file_metrics, ConsoleMetricExporter, otlp_metric_exporter, SafeMetricExporter
+)
+
+
 def _build_exporters(
-    signal: str,
+    signal: _Signal[_Exporter],
     names: Sequence[str],
-    factories: Mapping[str, Callable[[], tuple[str, _Exporter]]],
-    wrap: Callable[[_Exporter, str], _Exporter],
+    target: OtlpTarget | None,
+    timeout_s: float,
     problems: list[str],
+    file_dir: str,
+    service_label: str,
 ) -> list[tuple[str, _Exporter]]:
-    """Build, describe and wrap the exporter of each name; one that cannot be built becomes a problem."""
+    """Build, describe and wrap the exporter of each name; one that cannot be built becomes a problem.
+
+    Names without a push exporter ("none", "prometheus": a pull reader built elsewhere, "otlp" without a
+    target) are skipped; unknown names were already reported when the settings were read.
+    """
     built: list[tuple[str, _Exporter]] = []
     for name in names:
-        factory = factories.get(name)
-        if factory is None:
-            continue  # "none", "prometheus" (a pull reader, built elsewhere) or already reported by _env
         try:
-            what, exporter = factory()
+            if name == "file":
+                path, exporter = signal.file(file_dir, service_label)
+                what = f"file {signal.name} export to {path}"
+            elif name == "otlp" and target is not None:
+                exporter = signal.otlp(target, timeout_s)
+                what = f"OTLP {target.protocol} {signal.name} export to {redact_url(target.endpoint)}"
+            elif name == "console":
+                exporter = signal.console()
+                what = f"console {signal.name} export"
+            else:
+                continue
         except Exception as exc:
-            problems.append(f"cannot create the {name} {signal} exporter ({exc!r}); it is skipped")
+            problems.append(f"cannot create the {name} {signal.name} exporter ({exc!r}); it is skipped")
             continue
-        built.append((what, wrap(exporter, what)))
+        built.append((what, signal.wrap(exporter, what)))
     return built
 
 
@@ -229,23 +274,7 @@ def build_span_exporters(
     service_label: str = "gym",
 ) -> list[tuple[str, SpanExporter]]:
     """The wrapped span exporters for ``names``."""
-
-    def file() -> tuple[str, SpanExporter]:
-        from gym_obs.telemetry.file_export import file_span_exporter
-
-        exporter = file_span_exporter(file_dir, service_label)
-        return f"file span export to {exporter.path}", exporter
-
-    factories: dict[str, Callable[[], tuple[str, SpanExporter]]] = {
-        "file": file,
-        "console": lambda: ("console span export", ConsoleSpanExporter()),
-    }
-    if target is not None:
-        factories["otlp"] = lambda: (
-            f"OTLP {target.protocol} span export to {redact_url(target.endpoint)}",
-            otlp_span_exporter(target, timeout_s),
-        )
-    return _build_exporters("span", names, factories, SafeSpanExporter, problems)
+    return _build_exporters(_SPANS, names, target, timeout_s, problems, file_dir, service_label)
 
 
 def build_metric_exporters(
@@ -258,20 +287,4 @@ def build_metric_exporters(
     service_label: str = "gym",
 ) -> list[tuple[str, MetricExporter]]:
     """The wrapped push metric exporters for ``names`` (Prometheus is a pull reader, built elsewhere)."""
-
-    def file() -> tuple[str, MetricExporter]:
-        from gym_obs.telemetry.file_export import file_metric_exporter
-
-        exporter = file_metric_exporter(file_dir, service_label)
-        return f"file metric export to {exporter.path}", exporter
-
-    factories: dict[str, Callable[[], tuple[str, MetricExporter]]] = {
-        "file": file,
-        "console": lambda: ("console metric export", ConsoleMetricExporter()),
-    }
-    if target is not None:
-        factories["otlp"] = lambda: (
-            f"OTLP {target.protocol} metric export to {redact_url(target.endpoint)}",
-            otlp_metric_exporter(target, timeout_s),
-        )
-    return _build_exporters("metric", names, factories, SafeMetricExporter, problems)
+    return _build_exporters(_METRICS, names, target, timeout_s, problems, file_dir, service_label)
