@@ -11,8 +11,14 @@ import contextlib
 import itertools
 import socket
 import struct
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import SpanKind
+
+from gym_obs.telemetry import names
+from gym_obs.telemetry.testing import Capture
 
 _PORTS = itertools.count(22100)
 
@@ -167,3 +173,24 @@ def unused_port() -> int:
         with socket.socket() as probe:
             if probe.connect_ex(("127.0.0.1", port)) != 0:
                 return port
+
+
+ServerFactory = Callable[..., Awaitable["RawServer"]]
+"""``raw_server(plan=..., port=None)``: start a ``RawServer`` for this test (stopped at its end)."""
+
+
+def client_spans(capture: Capture) -> list[ReadableSpan]:
+    return [s for s in capture.spans() if s.kind == SpanKind.CLIENT]
+
+
+def attempt_events(span: ReadableSpan) -> list[dict[str, object]]:
+    return [dict(e.attributes or {}) for e in span.events if e.name == names.SPAN_EVENT_ATTEMPT_FAILED]
+
+
+def metric_sum(capture: Capture, metric: str, **attrs: object) -> float:
+    """Sum of the matching points: values of sums and gauges, counts of histograms."""
+    total = 0.0
+    for point in capture.metric_points(metric):
+        if all(point.attributes.get(k) == v for k, v in attrs.items()):
+            total += point.value if point.value is not None else point.count
+    return total

@@ -5,12 +5,11 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 import pytest
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.trace import SpanKind, StatusCode
+from opentelemetry.trace import StatusCode
 
 from gym_obs.client.http_client import (
     GlobalAIOHTTPAsyncClientConfig,
@@ -21,7 +20,17 @@ from gym_obs.client.http_client import (
 )
 from gym_obs.telemetry import names
 from gym_obs.telemetry.testing import Capture
-from tests.integration.client_support import DROP, REPLY, Action, RawServer, next_port, unused_port
+from tests.integration.client_support import (
+    DROP,
+    REPLY,
+    Action,
+    RawServer,
+    ServerFactory,
+    attempt_events,
+    client_spans,
+    metric_sum,
+    unused_port,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -32,7 +41,6 @@ FAST = {
 }
 
 Setup = Callable[..., GlobalAIOHTTPAsyncClientConfig]
-ServerFactory = Callable[..., Awaitable[RawServer]]
 
 
 @pytest.fixture
@@ -51,34 +59,8 @@ async def pools() -> AsyncIterator[Setup]:
     _sessions.configure(GlobalAIOHTTPAsyncClientConfig())
 
 
-@pytest.fixture
-async def raw_server() -> AsyncIterator[ServerFactory]:
-    started: list[RawServer] = []
-
-    async def start(plan: Callable[[int], Action] = lambda _i: REPLY, port: int | None = None) -> RawServer:
-        server = await RawServer(port or next_port(), plan).start()
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        await server.stop()
 
 
-def client_spans(capture: Capture) -> list[ReadableSpan]:
-    return [s for s in capture.spans() if s.kind == SpanKind.CLIENT]
-
-
-def attempt_events(span: ReadableSpan) -> list[dict[str, object]]:
-    return [dict(e.attributes or {}) for e in span.events if e.name == names.SPAN_EVENT_ATTEMPT_FAILED]
-
-
-def point_sum(capture: Capture, metric: str, **attrs: object) -> float:
-    total = 0.0
-    for point in capture.metric_points(metric):
-        if all(point.attributes.get(k) == v for k, v in attrs.items()):
-            total += point.value if point.value is not None else point.count
-    return total
 
 
 async def test_drops_before_reply_are_retried_in_one_span(
@@ -108,7 +90,7 @@ async def test_drops_before_reply_are_retried_in_one_span(
     assert all(e[names.ATTR_BODY_UPLOADED] is True for e in events)
     assert all(isinstance(e[names.ATTR_BACKOFF_SECONDS], float) for e in events)
 
-    assert point_sum(telemetry, names.METRIC_CLIENT_RETRIES, **{
+    assert metric_sum(telemetry, names.METRIC_CLIENT_RETRIES, **{
         names.ATTR_SERVER_NAME: "resources", names.ATTR_RETRY_REASON: "server_disconnected"}) == 2
     durations = telemetry.metric_points(names.METRIC_HTTP_CLIENT_REQUEST_DURATION)
     assert sum(p.count for p in durations) == 3
@@ -141,7 +123,7 @@ async def test_refused_connections_end_within_the_budget_with_a_clear_error(
     assert attrs[names.ATTR_HTTP_REQUEST_RESEND_COUNT] == error.attempts - 1
     assert len(attempt_events(span)) == error.attempts
     assert all(e[names.ATTR_BODY_UPLOADED] is False for e in attempt_events(span))
-    assert point_sum(telemetry, names.METRIC_CLIENT_RETRIES, **{
+    assert metric_sum(telemetry, names.METRIC_CLIENT_RETRIES, **{
         names.ATTR_RETRY_REASON: "connection_refused"}) == error.attempts - 1
     recorded = [str(error)] + [str(v) for v in attrs.values()]
     for event in span.events:
@@ -213,7 +195,7 @@ async def test_post_is_not_replayed_when_resend_after_disconnect_is_false(
     (event,) = attempt_events(span)
     assert event[names.ATTR_BODY_UPLOADED] is True
     assert names.ATTR_HTTP_REQUEST_RESEND_COUNT not in (span.attributes or {})
-    assert point_sum(telemetry, names.METRIC_CLIENT_RETRIES) == 0
+    assert metric_sum(telemetry, names.METRIC_CLIENT_RETRIES) == 0
 
 
 async def test_post_replay_is_bounded_by_max_num_tries(pools: Setup, raw_server: ServerFactory) -> None:
@@ -254,7 +236,7 @@ async def test_read_timeouts_are_other_errors(
     assert len(server.requests) == 1 + 3  # MAX_NUM_TRIES on an external call
     assert "3 tries for errors on external calls" in str(info.value)
     assert isinstance(info.value.__cause__, aiohttp.SocketTimeoutError)
-    assert point_sum(telemetry, names.METRIC_CLIENT_RETRIES, **{names.ATTR_RETRY_REASON: "timeout"}) == 2
+    assert metric_sum(telemetry, names.METRIC_CLIENT_RETRIES, **{names.ATTR_RETRY_REASON: "timeout"}) == 2
 
 
 async def test_slow_answers_are_waited_for_not_retried(pools: Setup, raw_server: ServerFactory) -> None:
@@ -307,7 +289,7 @@ async def test_a_10mb_error_body_is_not_retried_and_is_read_bounded(
     (span,) = client_spans(telemetry)
     assert span.status.status_code == StatusCode.ERROR
     assert (span.attributes or {})[names.ATTR_ERROR_TYPE] == "500"
-    assert point_sum(telemetry, names.METRIC_HTTP_CLIENT_REQUEST_DURATION,
+    assert metric_sum(telemetry, names.METRIC_HTTP_CLIENT_REQUEST_DURATION,
                      **{names.ATTR_ERROR_TYPE: "500"}) == 1
 
 
@@ -324,8 +306,8 @@ async def test_a_caller_cancelling_mid_request_is_not_an_error(
     (span,) = client_spans(telemetry)
     assert span.status.status_code != StatusCode.ERROR
     assert names.ATTR_ERROR_TYPE not in (span.attributes or {})
-    assert point_sum(telemetry, names.METRIC_CLIENT_RETRIES) == 0
-    assert point_sum(telemetry, names.METRIC_POOL_PENDING_REQUESTS) == 0
+    assert metric_sum(telemetry, names.METRIC_CLIENT_RETRIES) == 0
+    assert metric_sum(telemetry, names.METRIC_POOL_PENDING_REQUESTS) == 0
 
 
 async def test_a_server_that_never_answers_ends_with_the_callers_timeout(

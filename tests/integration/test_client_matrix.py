@@ -10,14 +10,13 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import orjson
 import pytest
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.trace import SpanKind, StatusCode
+from opentelemetry.trace import StatusCode
 
 from gym_obs.client.http_client import (
     GlobalAIOHTTPAsyncClientConfig,
@@ -29,12 +28,21 @@ from gym_obs.client.http_client import (
 from gym_obs.telemetry import names
 from gym_obs.telemetry._state import STATE
 from gym_obs.telemetry.testing import Capture
-from tests.integration.client_support import DROP, REPLY, Action, RawServer, next_port, unused_port
+from tests.integration.client_support import (
+    DROP,
+    REPLY,
+    Action,
+    RawServer,
+    ServerFactory,
+    attempt_events,
+    client_spans,
+    metric_sum,
+    unused_port,
+)
 
 pytestmark = pytest.mark.integration
 
 TRACEPARENT = re.compile(names.TRACEPARENT_PATTERN)
-ServerFactory = Callable[..., Awaitable[RawServer]]
 
 FAST = GlobalAIOHTTPAsyncClientConfig(
     global_aiohttp_retry_backoff_base_seconds=0.01,
@@ -53,18 +61,6 @@ async def pools() -> AsyncIterator[None]:
     _sessions.configure(GlobalAIOHTTPAsyncClientConfig())
 
 
-@pytest.fixture
-async def raw_server() -> AsyncIterator[ServerFactory]:
-    started: list[RawServer] = []
-
-    async def start(plan: Callable[[int], Action] = lambda _i: REPLY) -> RawServer:
-        server = await RawServer(next_port(), plan).start()
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        await server.stop()
 
 
 @pytest.fixture(params=[True, False], ids=["telemetry_on", "telemetry_off"])
@@ -93,20 +89,6 @@ def _kwargs(method: str, headers: dict[str, str]) -> dict[str, Any]:
     return kwargs
 
 
-def client_spans(capture: Capture) -> list[ReadableSpan]:
-    return [s for s in capture.spans() if s.kind == SpanKind.CLIENT]
-
-
-def attempt_events(span: ReadableSpan) -> list[dict[str, object]]:
-    return [dict(e.attributes or {}) for e in span.events if e.name == names.SPAN_EVENT_ATTEMPT_FAILED]
-
-
-def metric_sum(capture: Capture, metric: str, **attrs: object) -> float:
-    total = 0.0
-    for point in capture.metric_points(metric):
-        if all(point.attributes.get(k) == v for k, v in attrs.items()):
-            total += point.value if point.value is not None else point.count
-    return total
 
 
 def _everything_recorded(capture: Capture) -> str:

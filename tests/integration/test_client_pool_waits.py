@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
@@ -20,25 +20,12 @@ from gym_obs.client.http_client import (
 )
 from gym_obs.telemetry import names
 from gym_obs.telemetry.testing import Capture, MetricPoint
-from tests.integration.client_support import REPLY, Action, RawServer, next_port
+from tests.integration.client_support import REPLY, Action, ServerFactory
 
 pytestmark = pytest.mark.integration
 
-ServerFactory = Callable[..., Awaitable[RawServer]]
 
 
-@pytest.fixture
-async def raw_server() -> AsyncIterator[ServerFactory]:
-    started: list[RawServer] = []
-
-    async def start(plan: Callable[[int], Action] = lambda _i: REPLY) -> RawServer:
-        server = await RawServer(next_port(), plan).start()
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        await server.stop()
 
 
 @pytest.fixture
