@@ -23,8 +23,14 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
+from gym_obs.telemetry import names
+
 SPAN_KIND_SERVER = 2
 SPAN_KIND_CLIENT = 3
+
+
+LAUNCH_ENV: dict[str, str] = {"OTEL_BSP_SCHEDULE_DELAY": "50", names.ENV_LOG_JSON: "1"}
+"""Environment for launched test servers: spans exported within 50 ms, JSON log lines to assert on."""
 
 
 def otlp_traces_telemetry(port: int) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from gym_obs.telemetry.propagation import async_rollout_prefix_hook, rollout_con
 from gym_obs.telemetry.spans import client_span, current_ids
 from gym_obs.telemetry.testing import Capture
 from tests.integration.otlp_receiver import (
+    LAUNCH_ENV,
     SPAN_KIND_SERVER,
     OtlpReceiver,
     ReceivedSpan,
@@ -78,8 +79,7 @@ def profiles(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def deployment(
     receiver: OtlpReceiver, profiles: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Launch]:
-    env = {"OTEL_BSP_SCHEDULE_DELAY": "50", names.ENV_LOG_JSON: "1"}
-    with launch(_config(profiles), log_dir=tmp_path_factory.mktemp("logs"), env=env) as running:
+    with launch(_config(profiles), log_dir=tmp_path_factory.mktemp("logs"), env=LAUNCH_ENV) as running:
         yield running
 
 

@@ -21,7 +21,7 @@ from gym_obs.config import GlobalConfig, parse_global_config
 from gym_obs.server._session_routing import owner_slot
 from gym_obs.server.launcher import Launch, LaunchError, launch
 from gym_obs.telemetry import names
-from tests.integration.otlp_receiver import SPAN_KIND_SERVER, OtlpReceiver, otlp_traces_telemetry
+from tests.integration.otlp_receiver import LAUNCH_ENV, SPAN_KIND_SERVER, OtlpReceiver, otlp_traces_telemetry
 
 pytestmark = pytest.mark.integration
 
@@ -57,8 +57,7 @@ def receiver() -> Iterator[OtlpReceiver]:
 
 @pytest.fixture(scope="module")
 def deployment(receiver: OtlpReceiver, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launch]:
-    env = {"OTEL_BSP_SCHEDULE_DELAY": "50", names.ENV_LOG_JSON: "1"}
-    with launch(_config(), log_dir=tmp_path_factory.mktemp("logs"), env=env) as running:
+    with launch(_config(), log_dir=tmp_path_factory.mktemp("logs"), env=LAUNCH_ENV) as running:
         yield running
 
 

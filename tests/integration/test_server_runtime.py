@@ -28,6 +28,7 @@ from gym_obs.telemetry import names
 from gym_obs.telemetry.propagation import rollout_context
 from gym_obs.telemetry.testing import Capture
 from tests.integration.otlp_receiver import (
+    LAUNCH_ENV,
     SPAN_KIND_CLIENT,
     SPAN_KIND_SERVER,
     OtlpReceiver,
@@ -79,8 +80,7 @@ def receiver() -> Iterator[OtlpReceiver]:
 
 @pytest.fixture(scope="module")
 def deployment(receiver: OtlpReceiver, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launch]:
-    env = {"OTEL_BSP_SCHEDULE_DELAY": "50", names.ENV_LOG_JSON: "1"}
-    with launch(_config(), log_dir=tmp_path_factory.mktemp("logs"), env=env) as running:
+    with launch(_config(), log_dir=tmp_path_factory.mktemp("logs"), env=LAUNCH_ENV) as running:
         yield running
 
 
