@@ -164,28 +164,38 @@ def test_bad_config_key_is_a_clear_error_from_the_command(tmp_path: Path) -> Non
         load_global_config(path)
 
 
-def test_serve_command_prints_the_table_and_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
-    path = tmp_path / "config.yaml"
-    path.write_text(
-        "head_server: {port: 24150}\nservers:\n"
-        f"  model: {{entrypoint: '{APPS}:DemoModelServer', server_type: responses_api_models, port: 24151}}\n"
-    )
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gym_obs.cli", "serve", str(path), "--log-dir", str(tmp_path / "logs")],
+def _serve(config: Path, tmp_path: Path) -> subprocess.Popen[str]:
+    """``gym-obs serve CONFIG`` as a child process, output captured."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "gym_obs.cli", "serve", str(config), "--log-dir", str(tmp_path / "logs")],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env={**_child_env(), "COLUMNS": "200"},
         cwd=REPO,
     )
+
+
+def _read_table(process: subprocess.Popen[str]) -> str:
+    """Everything ``serve`` printed up to its "Press Ctrl-C" line (the table of servers and URLs)."""
+    assert process.stdout is not None
+    lines: list[str] = []
+    while not any("Press Ctrl-C" in line for line in lines):
+        line = process.stdout.readline()
+        assert line, f"serve exited early: {process.stderr.read() if process.stderr else ''}"
+        lines.append(line)
+    return "".join(lines)
+
+
+def test_serve_command_prints_the_table_and_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "head_server: {port: 24150}\nservers:\n"
+        f"  model: {{entrypoint: '{APPS}:DemoModelServer', server_type: responses_api_models, port: 24151}}\n"
+    )
+    process = _serve(path, tmp_path)
     try:
-        lines: list[str] = []
-        assert process.stdout is not None
-        while not any("Press Ctrl-C" in line for line in lines):
-            line = process.stdout.readline()
-            assert line, f"serve exited early: {process.stderr.read() if process.stderr else ''}"
-            lines.append(line)
-        table = "".join(lines)
+        table = _read_table(process)
         assert "http://127.0.0.1:24151" in table and "http://127.0.0.1:24150" in table
         with urllib.request.urlopen("http://127.0.0.1:24151/readyz", timeout=2) as response:
             assert response.status == 200
@@ -207,18 +217,9 @@ def test_serve_stops_everything_when_one_server_dies(tmp_path: Path) -> None:
         f"  resources: {{entrypoint: '{APPS}:DemoResourcesServer', server_type: resources_servers,\n"
         "               port: 24162}\n"
     )
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gym_obs.cli", "serve", str(path), "--log-dir", str(tmp_path / "logs")],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**_child_env(), "COLUMNS": "200"},
-        cwd=REPO,
-    )
+    process = _serve(path, tmp_path)
     try:
-        assert process.stdout is not None
-        while "Press Ctrl-C" not in (line := process.stdout.readline()):
-            assert line, "serve exited early"
+        _read_table(process)
         with urllib.request.urlopen("http://127.0.0.1:24160/server_instances", timeout=2) as response:
             pids = {item["name"]: item["pid"] for item in json.loads(response.read())}
         os.kill(pids["model"], signal.SIGKILL)
