@@ -13,7 +13,7 @@ import random
 import threading
 from collections import Counter
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -51,17 +51,7 @@ FaultAction = Literal[
     "huge_body",
     "secret_in_error",
 ]
-FAULT_ACTIONS: Final = (
-    "raise",
-    "status",
-    "delay",
-    "hang",
-    "disconnect",
-    "disconnect_mid_body",
-    "bad_failure_report",
-    "huge_body",
-    "secret_in_error",
-)
+FAULT_ACTIONS: Final[tuple[str, ...]] = get_args(FaultAction)
 ROLES: Final = ("agent", "model", "resources")
 
 #: The known secret ``secret_in_error`` plants; tests prove it never reaches telemetry, logs or rows.
