@@ -189,30 +189,28 @@ def _sampler(config: TelemetryConfig, env: Mapping[str, str], problems: _Problem
     return name, ratio
 
 
-def _positive_int(source: str, raw: str | None, default: int, problems: _Problems) -> int:
+def _int_setting(
+    source: str, raw: str | None, default: int, problems: _Problems, *, low: int, high: int, what: str
+) -> int:
+    """``raw`` as an integer in ``[low, high]``; anything else is reported once and ``default`` used."""
     if raw is None:
         return default
     try:
         value = int(raw)
-        if value <= 0:
+        if not low <= value <= high:
             raise ValueError(raw)
     except ValueError:
-        problems.add(f"{source}={raw!r} is not a positive integer; using {default}")
+        problems.add(f"{source}={raw!r} is not {what}; using {default}")
         return default
     return value
+
+
+def _positive_int(source: str, raw: str | None, default: int, problems: _Problems) -> int:
+    return _int_setting(source, raw, default, problems, low=1, high=2**63 - 1, what="a positive integer")
 
 
 def _port(source: str, raw: str | None, default: int, problems: _Problems) -> int:
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-        if not 0 <= value <= 65535:
-            raise ValueError(raw)
-    except ValueError:
-        problems.add(f"{source}={raw!r} is not a TCP port; using {default}")
-        return default
-    return value
+    return _int_setting(source, raw, default, problems, low=0, high=65535, what="a TCP port")
 
 
 def parse_resource_attributes(raw: str | None, problems: _Problems | None = None) -> dict[str, str]:
