@@ -24,6 +24,7 @@ import aiohttp
 from gym_obs.telemetry import names
 from gym_obs.telemetry._state import STATE
 from gym_obs.telemetry.logging import get_logger
+from gym_obs.telemetry.metrics import AttributeCache
 from gym_obs.telemetry.redaction import redact_url, scrub_headers, scrub_text
 
 if TYPE_CHECKING:
@@ -35,33 +36,12 @@ _perf_counter = time.perf_counter
 _debug_log = get_logger("gym_obs.client.debug")
 _MAX_CACHED_LABELS: Final = 1024
 
-# (server name, pool) -> attributes of the pending counter; (server name, pool, outcome) -> wait attributes.
-_PENDING_ATTRS: dict[tuple[str, str], dict[str, str]] = {}
-_WAIT_ATTRS: dict[tuple[str, str, str], dict[str, str]] = {}
-
-
-def _pending_attrs(server_name: str, pool: str) -> dict[str, str]:
-    key = (server_name, pool)
-    attrs = _PENDING_ATTRS.get(key)
-    if attrs is None:
-        if len(_PENDING_ATTRS) > _MAX_CACHED_LABELS:
-            _PENDING_ATTRS.clear()
-        attrs = _PENDING_ATTRS[key] = {names.ATTR_SERVER_NAME: server_name, names.ATTR_POOL: pool}
-    return attrs
-
-
-def _wait_attrs(server_name: str, pool: str, outcome: str) -> dict[str, str]:
-    key = (server_name, pool, outcome)
-    attrs = _WAIT_ATTRS.get(key)
-    if attrs is None:
-        if len(_WAIT_ATTRS) > _MAX_CACHED_LABELS:
-            _WAIT_ATTRS.clear()
-        attrs = _WAIT_ATTRS[key] = {
-            names.ATTR_SERVER_NAME: server_name,
-            names.ATTR_POOL: pool,
-            names.ATTR_POOL_OUTCOME: outcome,
-        }
-    return attrs
+_PENDING_ATTRS: Final = AttributeCache(
+    names.ATTR_SERVER_NAME, names.ATTR_POOL, max_entries=_MAX_CACHED_LABELS
+)
+_WAIT_ATTRS: Final = AttributeCache(
+    names.ATTR_SERVER_NAME, names.ATTR_POOL, names.ATTR_POOL_OUTCOME, max_entries=_MAX_CACHED_LABELS
+)
 
 
 class _PoolTraceState(SimpleNamespace):
@@ -106,7 +86,7 @@ async def _on_queued_start(
     assert isinstance(ctx, _PoolTraceState)
     if ctx.queued_at is None:
         ctx.queued_at = _perf_counter()
-        inst.pool_pending_requests.add(1, _pending_attrs(ctx.server_name, ctx.pool))
+        inst.pool_pending_requests.add(1, _PENDING_ATTRS.get(ctx.server_name, ctx.pool))
 
 
 async def _on_queued_end(
@@ -127,7 +107,7 @@ def _end_wait(ctx: _PoolTraceState, inst: Instruments) -> bool:
     ctx.queued_at = None
     ctx.wait_s += _perf_counter() - started
     ctx.waited = True
-    inst.pool_pending_requests.add(-1, _pending_attrs(ctx.server_name, ctx.pool))
+    inst.pool_pending_requests.add(-1, _PENDING_ATTRS.get(ctx.server_name, ctx.pool))
     return True
 
 
@@ -143,7 +123,7 @@ def _finish(ctx: SimpleNamespace) -> None:
         ctx.abandoned = True
     if ctx.waited:
         outcome = names.POOL_OUTCOME_ABANDONED if ctx.abandoned else names.POOL_OUTCOME_OK
-        inst.pool_wait_duration.record(ctx.wait_s, _wait_attrs(ctx.server_name, ctx.pool, outcome))
+        inst.pool_wait_duration.record(ctx.wait_s, _WAIT_ATTRS.get(ctx.server_name, ctx.pool, outcome))
 
 
 async def _on_request_end(

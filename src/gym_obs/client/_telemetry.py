@@ -22,7 +22,7 @@ from gym_obs.client._retry import RetriesExhaustedError, RetryArgs, _Failure
 from gym_obs.telemetry import names
 from gym_obs.telemetry._state import STATE
 from gym_obs.telemetry.bodies import bounded_excerpt
-from gym_obs.telemetry.metrics import Instruments
+from gym_obs.telemetry.metrics import AttributeCache, Instruments
 from gym_obs.telemetry.propagation import current_rollout_id, inject_trace_headers, should_propagate
 from gym_obs.telemetry.redaction import redact_url
 from gym_obs.telemetry.spans import record_exception, set_span_error
@@ -99,7 +99,7 @@ _DESTINATIONS: dict[str, _Destination] = {}
 _URLS: dict[str, tuple[_Destination, str]] = {}
 # (url, method, span name, server name, status) -> final attributes of a span written in one go
 _FINAL_ATTRS: dict[tuple[Any, ...], dict[str, Any]] = {}
-_RETRY_ATTRS: dict[tuple[str, str], dict[str, str]] = {}
+_RETRY_ATTRS: Final = AttributeCache(names.ATTR_SERVER_NAME, names.ATTR_RETRY_REASON, max_entries=_MAX_CACHED)
 
 
 def _origin(url: str) -> str:
@@ -136,16 +136,6 @@ def _url_info(url: str) -> tuple[_Destination, str]:
 def _method_label(method: str) -> str:
     upper = method.upper()
     return upper if upper in _KNOWN_METHODS else "_OTHER"
-
-
-def _retry_attrs(server_name: str, reason: str) -> dict[str, str]:
-    key = (server_name, reason)
-    attrs = _RETRY_ATTRS.get(key)
-    if attrs is None:
-        if len(_RETRY_ATTRS) > _MAX_CACHED:
-            _RETRY_ATTRS.clear()
-        attrs = _RETRY_ATTRS[key] = {names.ATTR_SERVER_NAME: server_name, names.ATTR_RETRY_REASON: reason}
-    return attrs
 
 
 def _error_type(err: BaseException) -> str:
@@ -222,7 +212,7 @@ class Recorder:
     def retried(self, reason: str) -> None:
         inst = self.instruments
         if inst is not None:
-            inst.client_retries.add(1, _retry_attrs(self.server_name, reason))
+            inst.client_retries.add(1, _RETRY_ATTRS.get(self.server_name, reason))
 
 
 def _copy_headers(headers: Any) -> CIMultiDict[str]:

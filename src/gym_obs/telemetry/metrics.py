@@ -15,7 +15,7 @@ from opentelemetry.metrics import Counter, Histogram, Meter, UpDownCounter
 
 from gym_obs.telemetry import names
 
-__all__ = ["Instruments", "instruments_for"]
+__all__ = ["AttributeCache", "Instruments", "instruments_for"]
 
 
 def _histogram(meter: Meter, name: str, description: str) -> Histogram:
@@ -92,3 +92,26 @@ def instruments_for(meter: Meter) -> Instruments:
             cached = Instruments(meter)
             _CACHE[id(meter)] = cached
         return cached
+
+
+class AttributeCache:
+    """One shared attribute dict per label combination, so a hot path builds no dict per measurement.
+
+    Labels have small fixed value sets (DESIGN.md), so the cache stays small; it is cleared if it ever
+    outgrows ``max_entries`` (a caller passing unbounded values) rather than growing without limit.
+    """
+
+    __slots__ = ("_cache", "_keys", "_max_entries")
+
+    def __init__(self, *keys: str, max_entries: int = 1024) -> None:
+        self._keys = keys
+        self._max_entries = max_entries
+        self._cache: dict[tuple[str, ...], dict[str, str]] = {}
+
+    def get(self, *values: str) -> dict[str, str]:
+        attrs = self._cache.get(values)
+        if attrs is None:
+            if len(self._cache) > self._max_entries:
+                self._cache.clear()
+            attrs = self._cache[values] = dict(zip(self._keys, values, strict=True))
+        return attrs
