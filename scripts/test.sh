@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Installs everything the test suite needs on a fresh Debian 12 machine (as root), then runs
-# ruff, mypy (strict, src/) and the whole pytest suite. Exits non-zero on the first failure.
+# The README's test command. On a fresh Debian 12 machine (as root) it installs everything the suite needs:
+# the Debian packages, the Python packages from the hash-pinned lock (so every machine tests exactly what CI
+# tested), gym-obs itself; then runs ruff, mypy (strict, src/) and the whole pytest suite.
+# Extra arguments go to pytest. Exits non-zero on the first failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,7 +18,8 @@ if [ ${#need_apt[@]} -gt 0 ]; then
         $(printf '%s\n' "${need_apt[@]}" | sort -u) >/dev/null
 fi
 
-python3 -m pip install -q --disable-pip-version-check -e ".[test]"
-python3 -m ruff check src tests benchmarks
-python3 -m mypy
-python3 -m pytest -q -p no:cacheprovider "$@"
+pip=(python3 -m pip install -q --disable-pip-version-check)
+"${pip[@]}" --require-hashes -r requirements/test.lock
+"${pip[@]}" --no-deps --no-build-isolation -e .
+
+bash scripts/_checks.sh "$@"

@@ -17,7 +17,6 @@ from contextvars import ContextVar
 from typing import Any, Final
 
 from opentelemetry import trace
-from opentelemetry.util.types import AttributeValue
 
 from gym_obs.failures._base import MAX_EVENTS, MAX_SKIPPED, InvalidFailureReport
 from gym_obs.failures._codec import (
@@ -34,6 +33,7 @@ from gym_obs.failures.kinds import failure_kind_label
 from gym_obs.failures.report import FailureReport, _walk
 from gym_obs.telemetry import names
 from gym_obs.telemetry._state import STATE
+from gym_obs.telemetry._types import AttributeValue
 from gym_obs.telemetry.bodies import bounded_excerpt
 
 __all__ = [

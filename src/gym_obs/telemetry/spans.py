@@ -16,10 +16,10 @@ from typing import Final
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
-from opentelemetry.util.types import AttributeValue
 
 from gym_obs.telemetry import names
 from gym_obs.telemetry._state import STATE
+from gym_obs.telemetry._types import AttributeValue
 from gym_obs.telemetry.bodies import bounded_excerpt
 from gym_obs.telemetry.redaction import redact_url, scrub_text
 
