@@ -159,3 +159,8 @@ ENV_SESSION_ROUTING_DIR: Final = "GYM_OBS_SESSION_ROUTING_DIR"
 ATTR_FAILURE_CAUSE_ID: Final = "gym.failure.cause_id"
 FAILURE_REPORT_BODY_KEY: Final = "ng_failure_report"
 """Key of the failure report (payload object or encoded string) in a JSON error-reply body."""
+
+# --- launched children die with their launcher (issue 11) -------------------------------------------------
+ENV_LAUNCHER_PID: Final = "GYM_OBS_LAUNCHER_PID"  # the launcher a child must not outlive
+ENV_LAUNCHER_PIPE_FD: Final = "GYM_OBS_LAUNCHER_PIPE_FD"  # read end of a pipe only the launcher writes to
+ENV_LAUNCHER_DEATH_SIGNAL: Final = "GYM_OBS_LAUNCHER_DEATH_SIGNAL"  # "1": set PR_SET_PDEATHSIG in the child
