@@ -43,6 +43,7 @@ from gym_obs.server.head_server import HEAD_SERVER_NAME
 from gym_obs.server.ops import pump_output
 from gym_obs.server.uvicorn import ServerStartupError, validate_forwarded_allow_ips
 from gym_obs.telemetry import names
+from gym_obs.telemetry.setup import launch_run_id
 
 __all__ = [
     "HEAD_SERVER_NAME",
@@ -324,6 +325,8 @@ def _child_environment(config: GlobalConfig, extra: Mapping[str, str] | None) ->
     env = dict(os.environ)
     if extra:
         env.update(extra)
+    # One run id for every process of this launch (config, else the environment or scheduler, else new).
+    env[names.ENV_RUN_ID] = launch_run_id(config.telemetry.run_id, env)
     env[names.ENV_GLOBAL_CONFIG] = config.model_dump_json()
     env["PYTHONUNBUFFERED"] = "1"
     # Children run the same gym_obs as the launcher, installed or not.
