@@ -23,11 +23,16 @@ from grafana_foundation_sdk.models import piechart as piechart_m
 from grafana_foundation_sdk.models import prometheus as prom_m
 
 from gym_obs.dashboards import JOB_LABEL, PROMETHEUS_DATASOURCE_UID, MetricSpec, prometheus_label
+from gym_obs.telemetry import names
 
 PROMETHEUS_DS = dash_m.DataSourceRef(type_val="prometheus", uid=PROMETHEUS_DATASOURCE_UID)
 DASHBOARD_TAG = "gym-obs"
 JOB_VAR = "job"
 _GRID_WIDTH = 24
+#: Every panel and query has this minimum step: Grafana's ``$__rate_interval`` is then at least four of
+#: them (``max($__interval + step, 4 * step)``), i.e. four metric export intervals of a gym process, so a
+#: rate never spans fewer than four exported points whatever the datasource's scrape interval says.
+MIN_INTERVAL = f"{names.DEFAULT_EXPORT_INTERVAL_S}s"
 _PANEL_HEIGHT = 8
 
 # --- PromQL text ------------------------------------------------------------------------------------------
@@ -101,6 +106,7 @@ class Board:
     _y: int = 0
 
     def _place(self, panel: Any, width: int) -> None:
+        panel.interval(MIN_INTERVAL)
         if self._x + width > _GRID_WIDTH:
             self._x, self._y = 0, self._y + _PANEL_HEIGHT
         panel.id(self._next_id).grid_pos(dash_m.GridPos(h=_PANEL_HEIGHT, w=width, x=self._x, y=self._y))
@@ -239,6 +245,7 @@ def _query(ref: str, target: Target, *, exemplar: bool) -> prometheus.Dataquery:
         .legend_format(target.legend)
         .editor_mode(prom_m.QueryEditorMode.CODE)
         .exemplar(exemplar)
+        .interval(MIN_INTERVAL)
     )
     if target.table:
         query.format(prom_m.PromQueryFormat.TABLE)

@@ -52,7 +52,7 @@ def test_defaults_when_enabled() -> None:
     assert settings.otlp_traces.endpoint == "http://localhost:4318/v1/traces"
     assert settings.otlp_traces.protocol == "http/protobuf"
     assert settings.sampler == "parentbased_always_on"
-    assert settings.metric_export_interval_ms == 60_000
+    assert settings.metric_export_interval_ms == 10_000  # gym processes: 10 s, not the SDK's 60 s
     assert (settings.prometheus_host, settings.prometheus_port) == ("localhost", 9464)
     assert settings.problems == ()
 

@@ -3,8 +3,9 @@
 The driver is a gym process like the servers (service ``gym/harness``): each rollout is an INTERNAL span
 ``gym.rollout`` whose trace continues through the agent into the model and resources servers, the rollout
 id travels with every hop, and a failure comes back as the remote root cause (``raise_boundary_failure``),
-never as a bare HTTP 500. Failures the driver observes itself (the agent unreachable, a timeout) are
-``NgFailureEvent``s at boundary ``harness`` raised from the error they saw.
+never as a bare HTTP 500. Failures the driver observes itself (the agent unreachable, a timeout, a reply
+that is not the agent protocol) are ``NgFailureEvent``s at boundary ``harness`` raised from the error they
+saw: one bad reply fails one rollout, never the run.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ from opentelemetry.trace import Span, SpanKind, Tracer
 from gym_obs.client.http_client import raise_boundary_failure
 from gym_obs.client.server_client import ServerClient
 from gym_obs.failures import NgFailureEvent, observe_failure
+from gym_obs.harness.agent_reply import AgentReply, malformed_reply, parse_agent_reply, recovered_failures
 from gym_obs.harness.rows import RolloutResult
 from gym_obs.harness.servers._common import failure_for_call
+from gym_obs.harness.tally import RunTally
 from gym_obs.telemetry import names
 from gym_obs.telemetry.metrics import Instruments
 from gym_obs.telemetry.propagation import rollout_context
@@ -77,7 +80,7 @@ class Driver:
                 "trace_id": trace_id,
             }
             try:
-                body = await self._run(agent, index)
+                reply = await self._run(agent, index)
             except Exception as err:
                 failure = err if isinstance(err, NgFailureEvent) else self._own_failure(err, agent)
                 observe_failure(failure)  # counts failures first seen here; forwarded ones were counted
@@ -86,13 +89,12 @@ class Driver:
                     set_span_error(span, failure.failure_kind)
                 result = RolloutResult.failed(failure, duration_s=time.perf_counter() - started, **common)
             else:
-                hops = [(str(role), float(seconds)) for role, seconds in body.get("hops", ())]
-                reward = body.get("reward")
                 result = RolloutResult(
                     outcome=names.ROLLOUT_OUTCOME_SUCCESS,
                     duration_s=time.perf_counter() - started,
-                    reward=float(reward) if isinstance(reward, int | float) else None,
-                    hops=hops,
+                    reward=reply.reward,
+                    hops=reply.hops,
+                    report=reply.recovered,
                     **common,
                 )
             if span is not None:
@@ -103,7 +105,7 @@ class Driver:
             self.instruments.rollouts.add(1, attributes)
         return result
 
-    async def _run(self, agent: str, index: int) -> dict[str, Any]:
+    async def _run(self, agent: str, index: int) -> AgentReply:
         response = await self.client.post(
             agent,
             _RUN_ROUTE,
@@ -116,10 +118,14 @@ class Driver:
         )
         try:
             await raise_boundary_failure(response)
-            body = await response.json()
+            recovered = recovered_failures(response.headers)
+            try:
+                body = await response.json(content_type=None)
+            except ValueError as err:  # not JSON, or not UTF-8
+                raise malformed_reply(agent, f"is not JSON ({type(err).__name__})") from err
         finally:
             response.release()
-        return body if isinstance(body, dict) else {}
+        return parse_agent_reply(body, agent, recovered)
 
     @staticmethod
     def _own_failure(err: Exception, agent: str) -> NgFailureEvent:
@@ -131,17 +137,17 @@ class Driver:
 
     async def run(
         self, rollouts: int, concurrency: int, on_result: Callable[[RolloutResult], None]
-    ) -> list[RolloutResult]:
-        """Run every rollout; ``on_result`` sees each result as it finishes (progress bar, rows)."""
-        results: list[RolloutResult] = []
+    ) -> RunTally:
+        """Run every rollout; ``on_result`` sees each result as it finishes (rows, progress bar) before the
+        worker awaits its next rollout. Results are folded into a :class:`RunTally`, never kept."""
+        tally = RunTally()
         counter = itertools.count()
 
         async def worker() -> None:
             while (index := next(counter)) < rollouts:
                 result = await self.rollout(index)
-                results.append(result)
                 on_result(result)
+                tally.add(result)
 
         await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, rollouts)))))
-        results.sort(key=lambda r: r.index)
-        return results
+        return tally

@@ -33,6 +33,7 @@ from gym_obs.telemetry.names import FAILURE_REPORT_HEADER
 
 __all__ = [
     "CONTROL_PATH",
+    "MALFORMED_BODIES",
     "FaultMiddleware",
     "raise_injected_fault",
 ]
@@ -46,6 +47,15 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 CONTROL_PATH: Final = "/_gym/faults"
 HUGE_BODY_BYTES: Final = 4 * 1024 * 1024
 BAD_REPORT_OVERSIZED_CHARS: Final = 6000
+#: ``malformed_body`` answers 200 with each of these in turn: not JSON, then JSON of the wrong shape.
+MALFORMED_BODIES: Final = (
+    b"<html>502 Bad Gateway</html>",
+    b"[1, 2, 3]",
+    b'{"reward": "high", "hops": []}',
+    b'{"reward": 1.0, "hops": [["model"]]}',
+    b'{"reward": 1.0, "hops": "model=0.1"}',
+    b'{"reward": 1.0, "hops": [["model", -1]]}',
+)
 _HANG_DEFAULT_S: Final = 3600.0
 _DISCONNECT_WAIT_S: Final = 2.0
 
@@ -82,6 +92,7 @@ class FaultMiddleware:
         self.selector = selector
         self.hooked_routes = hooked_routes
         self._bad_report_count = 0
+        self._malformed_count = 0
         self._huge: bytes | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -142,6 +153,11 @@ class FaultMiddleware:
             await _send_bytes(send, 500, self._huge, b"text/plain; charset=utf-8")
         elif action == "secret_in_error":
             await _send_secret(send)
+        elif action == "malformed_body":
+            await _drain(receive)
+            body = MALFORMED_BODIES[self._malformed_count % len(MALFORMED_BODIES)]
+            self._malformed_count += 1
+            await _send_bytes(send, 200, body, b"application/json")
 
     async def _bad_failure_report(self, send: Send) -> None:
         self._bad_report_count += 1

@@ -50,6 +50,7 @@ FaultAction = Literal[
     "bad_failure_report",
     "huge_body",
     "secret_in_error",
+    "malformed_body",
 ]
 FAULT_ACTIONS: Final[tuple[str, ...]] = get_args(FaultAction)
 ROLES: Final = ("agent", "model", "resources")

@@ -59,6 +59,13 @@ class RunProgress:
         elapsed = time.perf_counter() - self._started
         return self.done / elapsed if elapsed > 0 else 0.0
 
+    def status(self) -> str:
+        """One plain line for the run's log: how many rollouts finished (their rows are on disk)."""
+        return (
+            f"rollouts done: {self.done}/{self.total} ({self.failed} failed), {self.rate:.1f}/s, "
+            f"p50 {_ms(self.latencies.quantile(0.5))} p99 {_ms(self.latencies.quantile(0.99))}"
+        )
+
     def record(self, duration_s: float, *, failed: bool) -> None:
         self.done += 1
         self.failed += int(failed)

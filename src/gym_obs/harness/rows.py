@@ -2,11 +2,16 @@
 
 The row is the durable result of a run: rollout id, trace id (to open the trace), outcome, duration, and for
 a failure the full report under ``_ng_failure_events`` / ``_ng_failure_id`` plus the root cause it resolves
-to, so a dataset of rollouts can be grouped by root cause without re-running anything.
+to, so a dataset of rollouts can be grouped by root cause without re-running anything. A success whose
+agent recovered from failures (retried model calls) keeps those events too: the same two keys with
+``_ng_failure_id`` null, decoded and validated from the agent's ``X-NG-Failure-Report`` header (so bounded
+by the failure model's own limits), and their number as ``recovered_failures``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,6 +98,14 @@ class RolloutResult:
         result.error = str(error)
         return result
 
+    @property
+    def recovered_failures(self) -> int:
+        """Gym failure events a successful rollout recovered from (retried calls), as its agent reported
+        them (their foreign causes are on the row too, not counted here)."""
+        if self.outcome == "failure" or self.report is None:
+            return 0
+        return sum(1 for record in self.report.events.values() if record.get("failure_kind") is not None)
+
     def row(self) -> dict[str, Any]:
         row: dict[str, Any] = {
             "rollout_id": self.rollout_id,
@@ -109,11 +122,19 @@ class RolloutResult:
             row["root_cause"] = self.root.as_json()
         if self.error is not None:
             row["error"] = self.error
+        if self.recovered_failures:
+            row["recovered_failures"] = self.recovered_failures
         return store_report_on_row(row, self.report)
 
 
 class RowWriter:
-    """Appends rows to ``rollouts.jsonl`` as results arrive (a crash keeps every finished rollout)."""
+    """Appends rows to ``rollouts.jsonl`` as results arrive (a crash keeps every finished rollout).
+
+    The file is unbuffered: each row is one complete ``write`` to the kernel before :meth:`write` returns,
+    so a SIGKILL of the harness loses no finished row and never leaves half a line. (The kernel's page
+    cache still holds it until it is written back: a power cut, unlike a process crash, can lose the last
+    seconds; :meth:`__exit__` syncs the file once at the end.)
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -123,19 +144,25 @@ class RowWriter:
 
     def __enter__(self) -> RowWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self.path.open("wb")
+        self._file = self.path.open("wb", buffering=0)
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         if self._file is not None:
+            with contextlib.suppress(OSError):
+                os.fsync(self._file.fileno())
             self._file.close()
             self._file = None
 
     def write(self, result: RolloutResult) -> None:
-        line = orjson.dumps(result.row()) + b"\n"
+        """Write ``result``'s row through to the kernel (the whole line, then return)."""
+        line = memoryview(orjson.dumps(result.row()) + b"\n")
         with self._lock:
-            if self._file is not None:
-                self._file.write(line)
-                self.count += 1
+            if self._file is None:
+                return
+            while line:  # a raw write may be short; finish the line before anyone else writes
+                written = self._file.write(line)
+                line = line[written or 0 :]
+            self.count += 1

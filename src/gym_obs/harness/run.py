@@ -43,6 +43,7 @@ from gym_obs.harness.stack import (
     write_prometheus_targets,
 )
 from gym_obs.harness.summary import build_summary, render_summary, write_summary
+from gym_obs.harness.tally import RunTally
 from gym_obs.harness.telemetry_files import read_metric_totals
 from gym_obs.server.launcher import Launch, LaunchError, ServerStartupError, launch
 from gym_obs.telemetry import names
@@ -54,6 +55,7 @@ from gym_obs.telemetry.setup import TelemetryHandle, setup_telemetry
 __all__ = ["run_harness"]
 
 _FLUSH_TIMEOUT_S = 10.0
+_PROGRESS_LOG_S = 1.0
 _log = logging.getLogger("gym_obs.harness")
 
 
@@ -163,7 +165,7 @@ async def _drive(
     handle: TelemetryHandle,
     progress: RunProgress,
     writer: RowWriter,
-) -> tuple[list[RolloutResult], dict[str, dict[str, int]], float]:
+) -> tuple[RunTally, dict[str, dict[str, int]], float]:
     configure_global_aiohttp_client(layout.config.client)
     try:
         client = ServerClient.load_from_global_config(layout.config.head_server)
@@ -183,17 +185,29 @@ async def _drive(
     )
 
     def on_result(result: RolloutResult) -> None:
-        writer.write(result)
+        try:
+            writer.write(result)  # on disk before this worker awaits its next rollout
+        except OSError as exc:
+            raise HarnessError(f"cannot write {writer.path}: {exc.strerror or exc}") from None
         progress.record(result.duration_s, failed=result.outcome != names.ROLLOUT_OUTCOME_SUCCESS)
 
+    async def log_progress() -> None:
+        """A progress line in the run's log every few seconds, terminal or not: what finished so far."""
+        while True:
+            await asyncio.sleep(_PROGRESS_LOG_S)
+            _log.info("%s", progress.status())
+
     started = time.perf_counter()
+    ticker = asyncio.create_task(log_progress())
     try:
-        results = await driver.run(options.rollouts, options.concurrency, on_result)
+        tally = await driver.run(options.rollouts, options.concurrency, on_result)
         wall = time.perf_counter() - started
+        _log.info("%s", progress.status())
         injected = await _injected(client, list(layout.config.servers))
     finally:
+        ticker.cancel()
         await close_global_aiohttp_client()
-    return results, injected, wall
+    return tally, injected, wall
 
 
 def _linger(seconds: float, console: Console) -> None:
@@ -265,7 +279,7 @@ def run_harness(options: HarnessOptions, console: Console | None = None) -> dict
                 RowWriter(out / "rollouts.jsonl") as writer,
                 RunProgress(options.rollouts, err_console) as bar,
             ):
-                results, injected, wall = asyncio.run(_drive(options, layout, handle, bar, writer))
+                tally, injected, wall = asyncio.run(_drive(options, layout, handle, bar, writer))
             processes = _processes(running, cpu_before)
             _linger(options.linger_s, err_console)
             # Flush the driver's telemetry while the servers flush theirs: a dead collector costs one
@@ -291,14 +305,17 @@ def run_harness(options: HarnessOptions, console: Console | None = None) -> dict
     }
     metrics = read_metric_totals(options.telemetry_dir, run_id=options.run_id) if options.telemetry else None
     summary = build_summary(
-        results,
+        tally,
         wall_seconds=wall,
         run=run_info,
         metrics=metrics,
         role_of=layout.roles,
         injected=injected,
     )
-    write_summary(summary, out)
+    try:
+        write_summary(summary, out)
+    except OSError as exc:
+        raise HarnessError(f"cannot write {out / 'summary.json'}: {exc.strerror or exc}") from None
     render_summary(summary, console)
     sys.stdout.flush()
     return summary

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import socket
 import uuid
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from gym_obs.harness.faults import ROLES, FaultPlan, FaultPlanError
 from gym_obs.harness.servers import ENTRYPOINTS
 from gym_obs.harness.servers._common import ROLE_SERVER_TYPES
 from gym_obs.telemetry import names
+from gym_obs.telemetry.setup import launch_run_id
 
 __all__ = [
     "DRIVER_NAME",
@@ -40,6 +42,15 @@ AGENT_MAX_TRIES: Final = 4  # the demo agent's tries per call (AgentSettings.max
 _DEFAULT_CALL_TIMEOUT_S: Final = 5.0
 _METRIC_EXPORT_INTERVAL_MS: Final = 5_000
 _EXPORT_TIMEOUT_MS: Final = 5_000  # a dead collector must not hold the run's shutdown for long
+
+
+def _default_run_id() -> str:
+    """``GYM_OBS_RUN_ID``, else the batch scheduler's job id, else a short new id (as every launcher)."""
+    return launch_run_id(None) if _configured_run_id() else uuid.uuid4().hex[:12]
+
+
+def _configured_run_id() -> bool:
+    return any(os.environ.get(name, "").strip() for name in (names.ENV_RUN_ID, *names.SCHEDULER_JOB_ID_ENVS))
 
 
 class HarnessError(RuntimeError):
@@ -70,7 +81,7 @@ class HarnessOptions:
     seed: int | None = None
     pool_limit_per_host: int | None = None  # data-pool connections per destination, per process
     linger_s: float = 0.0  # keep every process (and its /metrics) up this long after the rollouts
-    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    run_id: str = field(default_factory=lambda: _default_run_id())
 
     @property
     def telemetry_dir(self) -> Path:

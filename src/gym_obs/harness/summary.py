@@ -7,8 +7,7 @@ so what a user reads and what a script parses cannot disagree.
 from __future__ import annotations
 
 import json
-from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,8 @@ from rich.console import Console
 from rich.table import Table
 
 from gym_obs.harness.rows import RolloutResult
-from gym_obs.harness.stats import quantiles
+from gym_obs.harness.stats import QUANTILE_PRECISION
+from gym_obs.harness.tally import RunTally
 from gym_obs.harness.telemetry_files import MetricTotals
 from gym_obs.telemetry import names
 
@@ -25,43 +25,8 @@ __all__ = ["build_summary", "render_summary", "write_summary"]
 _NO_GROUP = "-"
 
 
-def _failure_groups(results: Sequence[RolloutResult]) -> list[dict[str, Any]]:
-    groups: Counter[tuple[str, str, str, str]] = Counter()
-    examples: dict[tuple[str, str, str, str], str | None] = {}
-    for result in results:
-        if result.root is None:
-            continue
-        key = (
-            result.root.kind or _NO_GROUP,
-            result.root.boundary or _NO_GROUP,
-            result.root.foreign_type or _NO_GROUP,
-            result.root.final_kind or _NO_GROUP,
-        )
-        groups[key] += 1
-        examples.setdefault(key, result.trace_id)
-    return [
-        {
-            "root_kind": key[0],
-            "root_boundary": key[1],
-            "foreign_cause": key[2],
-            "final_kind": key[3],
-            "count": count,
-            "example_trace_id": examples[key],
-        }
-        for key, count in groups.most_common()
-    ]
-
-
-def _in_band_hops(results: Sequence[RolloutResult], agent_role: str) -> dict[str, dict[str, Any]]:
-    hops: dict[str, list[float]] = {f"harness -> {agent_role}": [r.duration_s for r in results]}
-    for result in results:
-        for role, seconds in result.hops:
-            hops.setdefault(f"{agent_role} -> {role}", []).append(seconds)
-    return {hop: quantiles(values) for hop, values in hops.items()}
-
-
 def build_summary(
-    results: Sequence[RolloutResult],
+    results: RunTally | Iterable[RolloutResult],
     *,
     wall_seconds: float,
     run: dict[str, Any],
@@ -69,20 +34,27 @@ def build_summary(
     role_of: dict[str, str],
     injected: dict[str, dict[str, int]],
 ) -> dict[str, Any]:
-    """Everything the run showed, JSON-ready. ``role_of`` maps server names to roles (agent/model/...)."""
-    outcomes = Counter(r.outcome for r in results)
+    """Everything the run showed, JSON-ready. ``role_of`` maps server names to roles (agent/model/...).
+
+    ``results`` is the run's :class:`RunTally` (what the driver keeps) or the results themselves. Latency
+    quantiles are exact up to ``QUANTILE_PRECISION["exact_up_to"]`` values, else within its relative error.
+    """
+    tally = results if isinstance(results, RunTally) else RunTally.of(results)
+    in_band = tally.hops()
     summary: dict[str, Any] = {
         **run,
-        "rollouts": len(results),
+        "rollouts": tally.rollouts,
         "wall_seconds": round(wall_seconds, 3),
-        "rollouts_per_second": round(len(results) / wall_seconds, 2) if wall_seconds > 0 else None,
-        "outcomes": {outcome: outcomes.get(outcome, 0) for outcome in names.ROLLOUT_OUTCOMES},
-        "rollout_latency_s": quantiles([r.duration_s for r in results]),
-        "failures_by_root_cause": _failure_groups(results),
+        "rollouts_per_second": round(tally.rollouts / wall_seconds, 2) if wall_seconds > 0 else None,
+        "outcomes": tally.outcome_counts(),
+        "rollout_latency_s": tally.latency.summary(),
+        "quantile_precision": dict(QUANTILE_PRECISION),
+        "failures_by_root_cause": tally.failure_groups(),
+        "recovered_failures": tally.recovered_failures,
         "faults_injected": injected,
         "hops_source": "in_band",
-        "hops": _in_band_hops(results, "agent"),
-        "hops_in_band": _in_band_hops(results, "agent"),  # measured by the callers, telemetry on or off
+        "hops": in_band,
+        "hops_in_band": in_band,  # measured by the callers, telemetry on or off
         "retries": None,
         "pool_waits": None,
         "failure_events": None,
@@ -170,6 +142,8 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
     head.add_row("rollouts", str(summary["rollouts"]))
     for outcome, count in summary["outcomes"].items():
         head.add_row(f"  {outcome}", str(count))
+    if summary.get("recovered_failures"):
+        head.add_row("  recovered failures", str(summary["recovered_failures"]))
     head.add_row("wall time", f"{summary['wall_seconds']:.2f} s")
     head.add_row("rate", f"{summary['rollouts_per_second']} rollouts/s")
     head.add_row("telemetry", str(summary.get("telemetry", {}).get("mode", "-")))

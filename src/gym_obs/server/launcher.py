@@ -5,7 +5,15 @@ command) start the head server, then every server (``python -m gym_obs.server._c
 global config in its environment, wait for each ``/readyz`` (bounded per server by ``startup_timeout_s``),
 and on failure stop everything and raise an error naming the server with the tail of its log. Each child is
 its own process group, so Ctrl-C reaches the launcher only and servers are stopped in order (SIGTERM: uvicorn
-shuts down gracefully and telemetry is flushed; SIGKILL after a grace period). With ``echo_output`` (what
+shuts down gracefully and telemetry is flushed; SIGKILL after a grace period).
+
+Children die with their launcher even when it is killed with SIGKILL and runs no cleanup: on Linux each
+child asks the kernel for SIGTERM when its parent dies (``prctl(PR_SET_PDEATHSIG)``, set only when the
+launching thread is the main thread, since the signal follows the thread that forked), and every child
+watches a pipe whose only write end the launcher holds; end-of-file means the launcher is gone, so the
+child terminates itself gracefully and, after a grace period, SIGKILLs its own process group (its uvicorn
+workers included). Both are armed before the child imports the server, and a child whose launcher died
+before that exits at once. With ``echo_output`` (what
 ``gym-obs serve`` does on a terminal) each child's output also goes to this process's stdout, every line
 prefixed with ``(<server name>) `` so several servers stay readable on one terminal.
 """
@@ -35,6 +43,7 @@ from gym_obs.server.head_server import HEAD_SERVER_NAME
 from gym_obs.server.ops import pump_output
 from gym_obs.server.uvicorn import ServerStartupError, validate_forwarded_allow_ips
 from gym_obs.telemetry import names
+from gym_obs.telemetry.setup import launch_run_id
 
 __all__ = [
     "HEAD_SERVER_NAME",
@@ -53,6 +62,12 @@ _HEAD_STARTUP_TIMEOUT_S: Final = 30.0
 _STOP_GRACE_S: Final = 10.0
 _LOG_TAIL_LINES: Final = 40
 _PUMP_JOIN_S: Final = 5.0
+_ORPHAN_GRACE_S: Final = 5.0
+_PR_SET_PDEATHSIG: Final = 1
+#: A launched child runs this: arm the launcher watch, then the server's entry point with the same argv.
+_CHILD_BOOTSTRAP: Final = (
+    "import sys\nfrom gym_obs.server.launcher import _run_child\nsys.exit(_run_child())\n"
+)
 
 
 class LaunchError(RuntimeError):
@@ -116,6 +131,7 @@ class Launch:
         self.head: LaunchedProcess | None = None
         self.servers: dict[str, LaunchedProcess] = {}
         self._stopped = False
+        self._watch_read, self._watch_write = os.pipe()  # children watch the read end for EOF
 
     @property
     def head_url(self) -> str:
@@ -142,14 +158,22 @@ class Launch:
     ) -> LaunchedProcess:
         log_path = self.log_dir / f"{name}.log"
         log_file = open(log_path, "ab")  # noqa: SIM115 - owned by LaunchedProcess, closed in stop()
+        watch = {
+            names.ENV_LAUNCHER_PID: str(os.getpid()),
+            names.ENV_LAUNCHER_PIPE_FD: str(self._watch_read),
+            names.ENV_LAUNCHER_DEATH_SIGNAL: "1"
+            if threading.current_thread() is threading.main_thread()
+            else "0",
+        }
         try:
             process = subprocess.Popen(
-                [sys.executable, "-m", "gym_obs.server._child", *args],
-                env=dict(env),
+                [sys.executable, "-c", _CHILD_BOOTSTRAP, *args],
+                env={**env, **watch},
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE if self.echo_output else log_file,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # Ctrl-C goes to the launcher, which stops children in order
+                pass_fds=(self._watch_read,),
             )
         except BaseException:
             log_file.close()
@@ -227,15 +251,64 @@ class Launch:
                 proc._pump.join(_PUMP_JOIN_S)  # the last lines reach the log before it is closed
             if proc._log_file is not None:
                 proc._log_file.close()
+        for fd in (self._watch_read, self._watch_write):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _run_child() -> int:
+    """A launched child's entry point: die with the launcher, then run ``gym_obs.server._child``."""
+    _die_with_launcher()
+    from gym_obs.server._child import main
+
+    return main(sys.argv[1:])
+
+
+def _die_with_launcher() -> None:
+    """Arm the parent-death signal and the pipe watch (see the module docstring); exit if already orphaned."""
+    launcher = _env_int(names.ENV_LAUNCHER_PID)
+    pipe_fd = _env_int(names.ENV_LAUNCHER_PIPE_FD)
+    if os.environ.pop(names.ENV_LAUNCHER_DEATH_SIGNAL, "0") == "1" and sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):  # no prctl: the pipe watch still works
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if launcher is not None and os.getppid() != launcher:
+        print("gym_obs: the launcher exited before this server started; not starting", file=sys.stderr)
+        sys.exit(1)
+    if pipe_fd is not None:
+        threading.Thread(
+            target=_watch_launcher, args=(pipe_fd,), name="gym-obs-launcher-watch", daemon=True
+        ).start()
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.pop(name, None)  # the server's own children (uvicorn workers) must not inherit it
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _watch_launcher(pipe_fd: int) -> None:
+    """Block until the launcher's end of the pipe closes, then stop: SIGTERM, SIGKILL of the group later."""
+    try:
+        while os.read(pipe_fd, 1):
+            pass
+    except OSError:
+        pass
+    with contextlib.suppress(OSError):
+        os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(_ORPHAN_GRACE_S)
+    with contextlib.suppress(OSError):
+        os.killpg(os.getpgid(0), signal.SIGKILL)
 
 
 def _died_message(proc: LaunchedProcess, *, before_ready: bool = False) -> str:
     code = proc.exit_code()
     when = " before becoming ready" if before_ready else ""
     what = _describe_exit(code) if code is not None else "stopped"
-    return (
-        f"server {proc.name!r} {what}{when}; last lines of {proc.log_path}:\n{proc.log_tail()}"
-    )
+    return f"server {proc.name!r} {what}{when}; last lines of {proc.log_path}:\n{proc.log_tail()}"
 
 
 def preflight(config: GlobalConfig) -> None:
@@ -252,6 +325,8 @@ def _child_environment(config: GlobalConfig, extra: Mapping[str, str] | None) ->
     env = dict(os.environ)
     if extra:
         env.update(extra)
+    # One run id for every process of this launch (config, else the environment or scheduler, else new).
+    env[names.ENV_RUN_ID] = launch_run_id(config.telemetry.run_id, env)
     env[names.ENV_GLOBAL_CONFIG] = config.model_dump_json()
     env["PYTHONUNBUFFERED"] = "1"
     # Children run the same gym_obs as the launcher, installed or not.
@@ -293,7 +368,6 @@ def launch(
         yield running
     finally:
         running.stop(stop_grace_s)
-
 
 
 # --- the `gym-obs serve` command ---------------------------------------------------------------------------

@@ -31,7 +31,7 @@ SAMPLERS: Final = (
     "parentbased_traceidratio",
 )
 DEFAULT_SAMPLER: Final = "parentbased_always_on"
-DEFAULT_METRIC_EXPORT_INTERVAL_MS: Final = 60_000
+DEFAULT_METRIC_EXPORT_INTERVAL_MS: Final = names.DEFAULT_EXPORT_INTERVAL_S * 1000  # not the SDK's 60 s
 DEFAULT_PROMETHEUS_HOST: Final = "localhost"
 DEFAULT_PROMETHEUS_PORT: Final = 9464
 DEFAULT_SPAN_SCHEDULE_DELAY_MS: Final = 5000
@@ -316,7 +316,35 @@ def resolve_settings(config: TelemetryConfig, env: Mapping[str, str]) -> Setting
 
 
 def _run_id(config: TelemetryConfig, env: Mapping[str, str]) -> str:
-    return config.run_id or _env(env, names.ENV_RUN_ID) or uuid.uuid4().hex
+    return resolve_run_id(config.run_id, env)
+
+
+def scheduler_job_id(env: Mapping[str, str]) -> str | None:
+    """The batch scheduler's job id (Slurm, PBS, LSF, SGE), if this process runs inside a job."""
+    for name in names.SCHEDULER_JOB_ID_ENVS:
+        value = _clean_run_id(_env(env, name))
+        if value:
+            return value
+    return None
+
+
+def resolve_run_id(configured: str | None, env: Mapping[str, str]) -> str:
+    """``gym.run.id``: the configured one, else ``GYM_OBS_RUN_ID`` (set by a launcher for its children),
+    else the scheduler's job id, else a new random id (which a launcher then shares with its children)."""
+    return (
+        _clean_run_id(configured)
+        or _clean_run_id(_env(env, names.ENV_RUN_ID))
+        or scheduler_job_id(env)
+        or uuid.uuid4().hex
+    )
+
+
+def _clean_run_id(value: str | None) -> str | None:
+    """A run id is a short printable label (it goes on every resource): trimmed and bounded."""
+    if value is None:
+        return None
+    text = "".join(ch for ch in value.strip() if ch.isprintable())
+    return text[: names.MAX_RUN_ID_CHARS] or None
 
 
 def _targets(config: TelemetryConfig, env: Mapping[str, str]) -> frozenset[str]:

@@ -159,3 +159,19 @@ ENV_SESSION_ROUTING_DIR: Final = "GYM_OBS_SESSION_ROUTING_DIR"
 ATTR_FAILURE_CAUSE_ID: Final = "gym.failure.cause_id"
 FAILURE_REPORT_BODY_KEY: Final = "ng_failure_report"
 """Key of the failure report (payload object or encoded string) in a JSON error-reply body."""
+
+# --- launched children die with their launcher (issue 11) -------------------------------------------------
+ENV_LAUNCHER_PID: Final = "GYM_OBS_LAUNCHER_PID"  # the launcher a child must not outlive
+ENV_LAUNCHER_PIPE_FD: Final = "GYM_OBS_LAUNCHER_PIPE_FD"  # read end of a pipe only the launcher writes to
+ENV_LAUNCHER_DEATH_SIGNAL: Final = "GYM_OBS_LAUNCHER_DEATH_SIGNAL"  # "1": set PR_SET_PDEATHSIG in the child
+
+# --- export cadence and run identity (issue 11) -----------------------------------------------------------
+#: gym processes export metrics every 10 s unless OTEL_METRIC_EXPORT_INTERVAL or the config says otherwise;
+#: every dashboard rate window is at least RATE_WINDOW_EXPORTS export intervals.
+DEFAULT_EXPORT_INTERVAL_S: Final = 10
+RATE_WINDOW_EXPORTS: Final = 4
+ENV_SERVICE_VERSION: Final = "OTEL_SERVICE_VERSION"
+SERVICE_VERSION: Final = "service.version"
+#: Batch schedulers' job ids, in the order tried when no run id is configured (Slurm, PBS, LSF, SGE).
+SCHEDULER_JOB_ID_ENVS: Final = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "JOB_ID")
+MAX_RUN_ID_CHARS: Final = 128

@@ -12,8 +12,12 @@ providers globally, they are reused as they are and never shut down by gym_obs.
 Resource: ``service.name`` is ``gym/<server_name>`` (the explicit server name beats ``OTEL_SERVICE_NAME``,
 which is used only when ``server_name`` is empty, because dashboards select services by this name),
 ``service.instance.id`` is a fresh UUID per process, plus ``gym.server.name``, ``gym.server.type``,
-``gym.run.id`` (config, else ``GYM_OBS_RUN_ID``, else generated and exported to ``GYM_OBS_RUN_ID`` so child
-processes share it) and ``OTEL_RESOURCE_ATTRIBUTES``; ``TelemetryConfig.resource_attributes`` wins over all.
+``gym.run.id`` (config, else ``GYM_OBS_RUN_ID``, else the batch scheduler's job id -- ``SLURM_JOB_ID``,
+``PBS_JOBID``, ``LSB_JOBID``, ``JOB_ID`` --, else generated and exported to ``GYM_OBS_RUN_ID`` so child
+processes share it), ``service.version`` (gym_obs's version, else ``OTEL_SERVICE_VERSION`` or
+``service.version`` in ``OTEL_RESOURCE_ATTRIBUTES``) and ``OTEL_RESOURCE_ATTRIBUTES``;
+``TelemetryConfig.resource_attributes`` wins over all. Metrics are exported every 10 s unless
+``OTEL_METRIC_EXPORT_INTERVAL`` or the config says otherwise (the SDK's 60 s leaves gaps in every rate).
 """
 
 from __future__ import annotations
@@ -49,9 +53,10 @@ from opentelemetry.sdk.trace.sampling import (
 )
 from opentelemetry.sdk.version import __version__ as sdk_version
 
+import gym_obs
 from gym_obs.config import TelemetryConfig
 from gym_obs.telemetry import _override, names
-from gym_obs.telemetry._env import Settings, resolve_settings
+from gym_obs.telemetry._env import Settings, resolve_run_id, resolve_settings
 from gym_obs.telemetry._exporters import (
     LOGGER,
     build_metric_exporters,
@@ -63,7 +68,7 @@ from gym_obs.telemetry._state import STATE
 from gym_obs.telemetry.metrics import instruments_for
 from gym_obs.telemetry.redaction import scrub_text
 
-__all__ = ["TelemetryHandle", "setup_telemetry", "shutdown_telemetry"]
+__all__ = ["TelemetryHandle", "launch_run_id", "setup_telemetry", "shutdown_telemetry"]
 
 _ATEXIT_TIMEOUT_S: Final = 3.0
 
@@ -212,6 +217,12 @@ def setup_telemetry(
         return TelemetryHandle(enabled=False, problems=(repr(exc),))
 
 
+def launch_run_id(configured: str | None = None, env: Mapping[str, str] | None = None) -> str:
+    """The run id a launcher decides once and gives every process it starts (``GYM_OBS_RUN_ID``): the
+    configured one, else ``GYM_OBS_RUN_ID``, else the batch scheduler's job id, else a new one."""
+    return resolve_run_id(configured, os.environ if env is None else env)
+
+
 def shutdown_telemetry(timeout_s: float = 5.0) -> bool:
     """Shut down the process telemetry set up by :func:`setup_telemetry` (no-op when there is none)."""
     with _LOCK:
@@ -326,7 +337,11 @@ def _resource(
         TELEMETRY_SDK_VERSION: sdk_version,
         PROCESS_PID: os.getpid(),
     }
+    attributes[names.SERVICE_VERSION] = gym_obs.__version__
     attributes.update(settings.resource_attributes)
+    version = os.environ.get(names.ENV_SERVICE_VERSION, "").strip()
+    if version:
+        attributes[names.SERVICE_VERSION] = version
     attributes[names.SERVICE_NAME] = service
     attributes[names.SERVICE_INSTANCE_ID] = str(uuid.uuid4())
     attributes[names.ATTR_SERVER_NAME] = server_name
