@@ -5,11 +5,16 @@ No tests here: the file is named like its tests so that it stays with them.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import json
 import os
+import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.responses import StreamingResponse
 
 from gym_obs.server import SimpleServer
 from gym_obs.server.sessions import SESSION_ID_KEY
@@ -32,6 +37,18 @@ class UploadServer(SimpleServer):
         @app.post("/session")
         async def session(request: Request) -> dict[str, Any]:
             return {"session_id": request.session[SESSION_ID_KEY], "pid": os.getpid()}
+
+        @app.get("/hold")
+        async def hold(seconds: float) -> StreamingResponse:
+            """Say which worker this is, then block its event loop: it accepts no connection meanwhile."""
+
+            async def body() -> AsyncIterator[bytes]:
+                yield json.dumps({"pid": os.getpid()}).encode() + b"\n"
+                await asyncio.sleep(0)
+                time.sleep(seconds)  # noqa: ASYNC251 - blocking the loop is the point
+                yield b"released\n"
+
+            return StreamingResponse(body(), media_type="text/plain")
 
         @app.post("/upload")
         async def upload(request: Request) -> dict[str, Any]:
