@@ -7,7 +7,8 @@
 - 9: X-Forwarded-For is honoured exactly when the connecting proxy is in the validated allow-list, and a
   list uvicorn would read differently (host bits) or that trusts everyone is refused before launch.
 
-Ports: head 31500, limits server 31501, trusting server 31502, untrusting server 31503, refused (never started) 31504-31505.
+Ports: head 31500, limits server 31501, trusting server 31502, untrusting server 31503,
+refused (never started) 31504-31505.
 """
 
 from __future__ import annotations
@@ -54,7 +55,9 @@ def _config() -> GlobalConfig:
                     LIMITS_PORT, request_head_timeout_s=HEAD_TIMEOUT_S, timeout_keep_alive_s=KEEP_ALIVE_S
                 ),
                 "trusting": _server(TRUSTING_PORT, proxy_headers=True, forwarded_allow_ips=["127.0.0.0/8"]),
-                "untrusting": _server(UNTRUSTING_PORT, proxy_headers=True, forwarded_allow_ips=["10.0.0.0/8"]),
+                "untrusting": _server(
+                    UNTRUSTING_PORT, proxy_headers=True, forwarded_allow_ips=["10.0.0.0/8"]
+                ),
             },
         }
     )

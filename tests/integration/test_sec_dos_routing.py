@@ -176,9 +176,13 @@ async def test_a_large_post_is_streamed_through_the_forwarding_worker(deployment
     pids = {owner, *(int(pid) for pid in _worker_pids(deployment))}
     (forwarder,) = pids - {owner}
     with _PeakRss([owner, forwarder]) as rss:
-        async with _through_the_other_worker(owner), _fresh() as session, session.post(
-            f"{URL}/upload", data=_body(BODY), headers={names.SESSION_HEADER: token}
-        ) as response:
+        async with (
+            _through_the_other_worker(owner),
+            _fresh() as session,
+            session.post(
+                f"{URL}/upload", data=_body(BODY), headers={names.SESSION_HEADER: token}
+            ) as response,
+        ):
             assert response.status == 200, await response.text()
             reply: dict[str, Any] = await response.json()
     assert reply["pid"] == owner and reply["forwarded"]
@@ -247,8 +251,11 @@ async def test_a_body_over_the_limit_gets_413(deployment: Launch) -> None:
             received = await asyncio.to_thread(_send_until_answered, chunked, frame, 2 * LIMIT)
         assert received.startswith(b"HTTP/1.1 413 "), received[:200]
 
-    async with _fresh() as session, session.post(  # the workers still serve after refusing
-        f"{URL}/upload", data=b"z" * 1000, headers={names.SESSION_HEADER: token}
-    ) as response:
+    async with (
+        _fresh() as session,
+        session.post(  # the workers still serve after refusing
+            f"{URL}/upload", data=b"z" * 1000, headers={names.SESSION_HEADER: token}
+        ) as response,
+    ):
         assert response.status == 200
         assert (await response.json())["length"] == 1000

@@ -115,9 +115,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
                 if self.transport.is_closing():
                     return
             if data and not self._in_body and not self._upgraded:
-                self._refuse_head(
-                    431, f"Request head larger than {self._limits.max_head_bytes} bytes."
-                )
+                self._refuse_head(431, f"Request head larger than {self._limits.max_head_bytes} bytes.")
                 return
 
     def _feed_body(self, data: bytes) -> None:
