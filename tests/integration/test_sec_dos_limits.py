@@ -52,7 +52,7 @@ def _config() -> GlobalConfig:
             "head_server": {"port": HEAD_PORT},
             "servers": {
                 "limits": _server(
-                    LIMITS_PORT, request_head_timeout_s=HEAD_TIMEOUT_S, timeout_keep_alive_s=KEEP_ALIVE_S
+                    LIMITS_PORT, http_head_timeout_s=HEAD_TIMEOUT_S, timeout_keep_alive_s=KEEP_ALIVE_S
                 ),
                 "trusting": _server(TRUSTING_PORT, proxy_headers=True, forwarded_allow_ips=["127.0.0.0/8"]),
                 "untrusting": _server(

@@ -2,7 +2,7 @@
 
 A large POST for a session owned by the other worker is streamed to the owner: the forwarding worker's
 resident memory grows by far less than the body (VmRSS sampled from /proc while the upload runs) and the
-owner receives every byte (length and SHA-256 compared). A body over ``max_request_body_bytes`` gets 413,
+owner receives every byte (length and SHA-256 compared). A body over ``http_body_max_bytes`` gets 413,
 announced (Content-Length) or discovered while streaming (chunked).
 
 Ports: head 31600, upload server 31601.
@@ -49,7 +49,7 @@ def _config() -> GlobalConfig:
                     "server_type": "resources_servers",
                     "port": PORT,
                     "num_workers": 2,
-                    "max_request_body_bytes": LIMIT,
+                    "http_body_max_bytes": LIMIT,
                 }
             },
         }

@@ -222,7 +222,7 @@ def test_request_limits_come_from_the_server_entry_and_are_validated() -> None:
 
     config = build_uvicorn_config(
         object(),
-        _instance(max_request_head_bytes=4096, request_head_timeout_s=2.5, max_request_body_bytes=10_000),
+        _instance(http_head_max_bytes=4096, http_head_timeout_s=2.5, http_body_max_bytes=10_000),
         GlobalAIOHTTPAsyncClientConfig(),
         where="servers.m",
     )
@@ -230,12 +230,12 @@ def test_request_limits_come_from_the_server_entry_and_are_validated() -> None:
     defaults = RequestLimits.from_server(_instance())
     assert defaults == RequestLimits(64 * 1024, 10.0, 1024**3)
     for bad in (
-        {"max_request_head_bytes": 100},
-        {"max_request_head_bytes": True},
-        {"max_request_head_bytes": 64 * 1024 * 1024},
-        {"request_head_timeout_s": 0},
-        {"max_request_body_bytes": -1},
-        {"max_request_body_bytes": False},
+        {"http_head_max_bytes": 100},
+        {"http_head_max_bytes": True},
+        {"http_head_max_bytes": 64 * 1024 * 1024},
+        {"http_head_timeout_s": 0},
+        {"http_body_max_bytes": -1},
+        {"http_body_max_bytes": False},
     ):
         with pytest.raises(ValidationError) as caught:
             _instance(**bad)

@@ -5,7 +5,7 @@ forwarding worker +877 MB). Now only a small prefix is held: a body that fits in
 and can be sent again if the owner's connection fails before it answered; a larger one is streamed chunk
 by chunk as the caller sends it (uvicorn pauses reading the caller while a chunk waits), so the
 forwarding worker holds at most a few chunks. A streamed body can be sent only once. The body size limit
-is the HTTP protocol's (``max_request_body_bytes``, 413), applied before any of this runs.
+is the HTTP protocol's (``http_body_max_bytes``, 413), applied before any of this runs.
 
 One reader of ``receive``: while the body streams, the stream itself notices a caller that goes away;
 after the body, :meth:`ForwardedBody.wait_disconnect` does.

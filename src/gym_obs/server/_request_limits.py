@@ -36,16 +36,16 @@ _LINGER_BYTES: Final = 4 * 1024 * 1024  # ... and how many, at most
 class RequestLimits:
     """What one request may cost before the app sees it; defaults are the server config's."""
 
-    max_head_bytes: int = _DEFAULTS["max_request_head_bytes"].default
-    head_timeout_s: float = _DEFAULTS["request_head_timeout_s"].default
-    max_body_bytes: int = _DEFAULTS["max_request_body_bytes"].default
+    max_head_bytes: int = _DEFAULTS["http_head_max_bytes"].default
+    head_timeout_s: float = _DEFAULTS["http_head_timeout_s"].default
+    max_body_bytes: int = _DEFAULTS["http_body_max_bytes"].default
 
     @classmethod
     def from_server(cls, server: ServerInstanceConfig) -> RequestLimits:
         return cls(
-            max_head_bytes=server.max_request_head_bytes,
-            head_timeout_s=server.request_head_timeout_s,
-            max_body_bytes=server.max_request_body_bytes,
+            max_head_bytes=server.http_head_max_bytes,
+            head_timeout_s=server.http_head_timeout_s,
+            max_body_bytes=server.http_body_max_bytes,
         )
 
 
