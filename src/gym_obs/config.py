@@ -118,6 +118,10 @@ class ServerInstanceConfig(BaseModel):
     timeout_keep_alive_s: int = Field(default=75, gt=0)
     access_log: bool = False
     log_level: str = "info"
+    # Request limits, enforced by the HTTP protocol before the app runs (see docs/runtime.md).
+    http_head_max_bytes: int = Field(default=64 * 1024, ge=1024, le=16 * 1024 * 1024)
+    http_head_timeout_s: float = Field(default=10.0, gt=0, le=3600)
+    http_body_max_bytes: int = Field(default=1024 * 1024 * 1024, ge=1024)
     startup_timeout_s: float = Field(default=60.0, gt=0)
     # Sessions: the secret this server's session keys derive from. Unset: a secret generated per
     # deployment (sessions then end with the server). Served by the head server like every key here.
@@ -128,6 +132,9 @@ class ServerInstanceConfig(BaseModel):
 
     _check_numbers = field_validator(
         "port", "num_workers", "backlog", "timeout_keep_alive_s", "startup_timeout_s", mode="before"
+    )(_no_bool)
+    _check_limits = field_validator(
+        "http_head_max_bytes", "http_head_timeout_s", "http_body_max_bytes", mode="before"
     )(_no_bool)
 
     @field_validator("entrypoint")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 from typing import Any
 
@@ -166,3 +167,76 @@ def test_every_accepted_connection_gets_tcp_keepalive() -> None:
             assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 42
             assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL) == 7
             assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == 5
+
+
+@pytest.mark.parametrize(
+    "entries",
+    [
+        ["0.0.0.0/1", "128.0.0.0/1"],
+        ["::ffff:0:0/97", "::ffff:128.0.0.0/97"],
+        ["0.0.0.0/1", "::ffff:128.0.0.0/97"],  # IPv4 and IPv4-mapped halves together
+        ["0.0.0.0/2", "64.0.0.0/2", "128.0.0.0/2", "192.0.0.0/3", "224.0.0.0/3"],
+        # every IPv6 address outside the IPv4-mapped block: every IPv6 client
+        [
+            str(net)
+            for net in ipaddress.ip_network("::/0").address_exclude(ipaddress.ip_network("::ffff:0:0/96"))
+        ],
+    ],
+)
+def test_entries_that_together_trust_everyone_are_refused(entries: list[str]) -> None:
+    with pytest.raises(ServerStartupError) as caught:
+        validate_forwarded_allow_ips(entries, proxy_headers=True, where="servers.m.forwarded_allow_ips")
+    message = str(caught.value)
+    assert message.startswith("servers.m.forwarded_allow_ips: entries ")
+    assert "together cover every" in message and "which trusts every client" in message
+
+
+def test_large_but_partial_unions_are_accepted() -> None:
+    entries = ["0.0.0.0/1", "128.0.0.0/2", "::ffff:192.0.0.0/99"]  # 192.0.0.0/3 of 192.0.0.0/2 missing
+    assert validate_forwarded_allow_ips(entries, proxy_headers=True) == entries
+
+
+@pytest.mark.parametrize(("entry", "network"), [("127.0.0.1/8", "127.0.0.0/8"), ("fd00::1/64", "fd00::/64")])
+def test_networks_with_host_bits_are_refused_with_the_fix(entry: str, network: str) -> None:
+    with pytest.raises(ServerStartupError) as caught:
+        validate_forwarded_allow_ips([entry], proxy_headers=True, where="servers.m.forwarded_allow_ips")
+    message = str(caught.value)
+    assert f"entry {entry!r} has host bits set" in message and repr(network) in message
+
+
+def test_uvicorn_trusts_exactly_the_validated_entries() -> None:
+    from uvicorn.middleware.proxy_headers import _TrustedHosts
+
+    entries = [" 10.1.0.0/16 ", "192.168.1.7", "::ffff:10.2.0.0/112", "fd00::/8"]
+    trusted = _TrustedHosts(validate_forwarded_allow_ips(entries, proxy_headers=True))
+    for host in ("10.1.2.3", "192.168.1.7", "::ffff:10.2.0.9", "fd00::5"):
+        assert host in trusted, host
+    for host in ("10.2.0.9", "192.168.1.8", "::ffff:10.1.2.3", "fe80::1", "127.0.0.1"):
+        assert host not in trusted, host
+
+
+def test_request_limits_come_from_the_server_entry_and_are_validated() -> None:
+    from pydantic import ValidationError
+
+    from gym_obs.server._request_limits import RequestLimits
+
+    config = build_uvicorn_config(
+        object(),
+        _instance(http_head_max_bytes=4096, http_head_timeout_s=2.5, http_body_max_bytes=10_000),
+        GlobalAIOHTTPAsyncClientConfig(),
+        where="servers.m",
+    )
+    assert config._gym_obs_request_limits == RequestLimits(4096, 2.5, 10_000)  # type: ignore[attr-defined]
+    defaults = RequestLimits.from_server(_instance())
+    assert defaults == RequestLimits(64 * 1024, 10.0, 1024**3)
+    for bad in (
+        {"http_head_max_bytes": 100},
+        {"http_head_max_bytes": True},
+        {"http_head_max_bytes": 64 * 1024 * 1024},
+        {"http_head_timeout_s": 0},
+        {"http_body_max_bytes": -1},
+        {"http_body_max_bytes": False},
+    ):
+        with pytest.raises(ValidationError) as caught:
+            _instance(**bad)
+        assert next(iter(bad)) in str(caught.value)

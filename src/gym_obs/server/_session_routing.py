@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import json
@@ -34,11 +35,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from yarl import URL
 
 from gym_obs.client.http_client import get_global_aiohttp_control_client
+from gym_obs.client.server_client import global_config_from_environment
+from gym_obs.server._forward_body import ForwardedBody
+from gym_obs.server._request_limits import LimitedHttpToolsProtocol, RequestLimits, attach_request_limits
 from gym_obs.server.sessions import (
     RESOLVED_SCOPE_KEY,
     OwnedSessionRouting,
     SessionSigner,
-    read_body,
     session_from_request,
 )
 from gym_obs.telemetry import names
@@ -61,6 +64,7 @@ _HOP_BY_HOP: Final = frozenset(
     }
 )
 _REPLY_DROP: Final = _HOP_BY_HOP - {b"content-length"} | {b"date", b"server"}
+_FORWARD_SLACK: Final = 1024
 _CLAIM_TIMEOUT_S: Final = 30.0
 _OWNER_WAIT_S: Final = 10.0
 _RETRY_S: Final = 0.05
@@ -72,6 +76,19 @@ def owner_slot(session_id: str, num_workers: int) -> int:
     """The worker slot owning ``session_id``: stable across processes and restarts."""
     digest = hashlib.blake2b(session_id.encode("utf-8", errors="surrogatepass"), digest_size=8).digest()
     return int.from_bytes(digest, "big") % num_workers
+
+
+def _limits_from_environment() -> RequestLimits:
+    """This worker's request limits: its server's entry of the config the launcher passed to the workers
+    (they run from that config; see ``run_webserver``), else the defaults."""
+    try:
+        config = global_config_from_environment()
+        name = os.environ.get(names.ENV_SERVER_NAME)
+        if config is not None and name in config.servers:
+            return RequestLimits.from_server(config.servers[name])
+    except ValueError:
+        pass
+    return RequestLimits()
 
 
 class _OwnerUnavailableError(ConnectionError):
@@ -138,8 +155,10 @@ class _Slot:
 class _PrivateServer:
     """The same app on a private loopback port, for requests other workers forward to this one."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, limits: RequestLimits) -> None:
         self.app = app
+        # The forwarded head carries one more header than the caller's, which the public port checked.
+        self.limits = dataclasses.replace(limits, max_head_bytes=limits.max_head_bytes + _FORWARD_SLACK)
         self._server: Any = None
         self._sock: socket.socket | None = None
 
@@ -151,6 +170,7 @@ class _PrivateServer:
             _RestoreForwardedClient(self.app),
             host="127.0.0.1",
             port=0,
+            http=LimitedHttpToolsProtocol,
             lifespan="off",
             log_config=None,
             access_log=False,
@@ -159,6 +179,7 @@ class _PrivateServer:
             date_header=False,  # the worker answering the caller adds its own
             timeout_keep_alive=75,
         )
+        attach_request_limits(config, self.limits)
         config.load()
         server = uvicorn.Server(config)
         lifespan = LifespanOff(config)
@@ -218,13 +239,6 @@ def _reply_headers(raw: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, byte
     return [(key.lower(), value) for key, value in raw if key.lower() not in _REPLY_DROP]
 
 
-async def _wait_disconnect(receive: Receive) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
 class OwnerRoutingMiddleware:
     """Outermost middleware of a multi-worker server that routes sessions to their owning worker."""
 
@@ -237,6 +251,7 @@ class OwnerRoutingMiddleware:
         num_workers: int,
         routing_dir: str | os.PathLike[str],
         excluded_paths: Iterable[str] = (),
+        limits: RequestLimits | None = None,
     ) -> None:
         self.app = app
         self.signer = signer
@@ -244,7 +259,7 @@ class OwnerRoutingMiddleware:
         self.num_workers = num_workers
         self.excluded_paths = frozenset(excluded_paths)
         self.slot = _Slot(Path(routing_dir), num_workers)
-        self._private = _PrivateServer(app)
+        self._private = _PrivateServer(app, limits or _limits_from_environment())
         self._lifespan_state: dict[str, Any] | None = None
 
     def owns(self, session_id: str) -> bool:
@@ -306,11 +321,12 @@ class OwnerRoutingMiddleware:
     # -- forwarding ----------------------------------------------------------------------------------------
 
     async def _forward(self, scope: Scope, receive: Receive, send: Send, owner: int) -> None:
-        messages, body = await read_body(receive)
-        if any(message["type"] == "http.disconnect" for message in messages):
+        body = ForwardedBody(receive)
+        await body.read_prefix()
+        if body.caller_gone.is_set():
             return
         proxy = asyncio.ensure_future(self._proxy(scope, body, send, owner))
-        watch = asyncio.ensure_future(_wait_disconnect(receive))
+        watch = asyncio.ensure_future(body.wait_disconnect())
         try:
             await asyncio.wait({proxy, watch}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -322,7 +338,7 @@ class OwnerRoutingMiddleware:
         if proxy.done() and not proxy.cancelled():
             proxy.result()
 
-    async def _proxy(self, scope: Scope, body: bytes, send: Send, owner: int) -> None:
+    async def _proxy(self, scope: Scope, body: ForwardedBody, send: Send, owner: int) -> None:
         session = get_global_aiohttp_control_client()
         raw_path = scope.get("raw_path") or scope["path"].encode("utf-8")
         target = raw_path.decode("latin-1")
@@ -341,7 +357,7 @@ class OwnerRoutingMiddleware:
                     scope["method"],
                     URL(f"http://127.0.0.1:{port}{target}", encoded=True),
                     headers=headers,
-                    data=body or None,
+                    data=body.payload(),
                     allow_redirects=False,
                     auto_decompress=False,
                     skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
@@ -362,6 +378,10 @@ class OwnerRoutingMiddleware:
             except (aiohttp.ClientConnectionError, _OwnerUnavailableError) as error:
                 if started:
                     raise  # the owner went away mid-reply: the caller sees a broken reply, as it would
+                if not body.replayable:
+                    # Part of a streamed body went to the owner and is gone: it cannot be sent again.
+                    await _owner_unavailable(send, owner, error)
+                    return
                 # Nothing reached the caller: the owner is restarting, not up yet, or a pooled connection
                 # to its old port went stale. Re-read its port and retry, bounded. (A request the dead owner
                 # had started is replayed to its successor, whose state for the session starts afresh.)

@@ -1,4 +1,4 @@
-"""uvicorn glue: TCP keepalive on every accepted connection, the proxy-header allow-list, worker rules.
+"""uvicorn glue: TCP keepalive and request limits on every connection, the proxy allow-list, worker rules.
 
 Everything that decides *how* a gym server listens lives here so the rules are checked once, before uvicorn
 starts, with errors that name the config key: the launcher runs the same checks up front for every server.
@@ -13,9 +13,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gym_obs.config import GlobalAIOHTTPAsyncClientConfig, ServerInstanceConfig
+from gym_obs.server._request_limits import LimitedHttpToolsProtocol, RequestLimits, attach_request_limits
 
 __all__ = [
     "KeepaliveHttpToolsProtocol",
@@ -30,6 +30,10 @@ __all__ = [
 _KEEPALIVE_ATTR = "_gym_obs_tcp_keepalive"
 # Every IPv4 client reaches a dual-stack listener as ::ffff:a.b.c.d; trusting this network trusts everyone.
 _IPV4_MAPPED = ipaddress.IPv6Network("::ffff:0:0/96")
+_ALL_IPV4 = ipaddress.IPv4Network("0.0.0.0/0")
+_ALL_IPV6 = ipaddress.IPv6Network("::/0")
+
+_Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 class ServerStartupError(RuntimeError):
@@ -39,14 +43,77 @@ class ServerStartupError(RuntimeError):
 # --- proxy headers -----------------------------------------------------------------------------------------
 
 
+def _parse_proxy_entry(entry: str, where: str) -> _Network:
+    """One entry as a network; ServerStartupError if it trusts everyone or is not an address at all."""
+    if entry == "*":
+        raise ServerStartupError(f"{where}: entry '*' would trust every client; list the proxy addresses")
+    try:
+        network = ipaddress.ip_network(entry, strict=False)
+    except ValueError:
+        raise ServerStartupError(
+            f"{where}: entry {entry!r} is not an IP address or network (e.g. 10.0.0.5 or 10.0.0.0/24)"
+        ) from None
+    if network.prefixlen == 0:
+        raise ServerStartupError(f"{where}: entry {entry!r} is a /0 network that trusts every client")
+    if isinstance(network, ipaddress.IPv6Network) and _IPV4_MAPPED.subnet_of(network):
+        raise ServerStartupError(
+            f"{where}: entry {entry!r} covers every IPv4-mapped IPv6 address (::ffff:0:0/96), "
+            "which trusts every IPv4 client"
+        )
+    return network
+
+
+def _check_parsed_as_uvicorn_does(entry: str, network: _Network, where: str) -> None:
+    """uvicorn reads an entry with ``/`` as a *strict* network and anything else as an address; whatever
+    fails becomes a literal no client address ever equals. Refuse what uvicorn would silently never trust,
+    so what passes here is exactly what uvicorn trusts."""
+    try:
+        if "/" in entry:
+            ipaddress.ip_network(entry, strict=True)
+        else:
+            ipaddress.ip_address(entry)
+    except ValueError:
+        address = entry.split("/", 1)[0]
+        raise ServerStartupError(
+            f"{where}: entry {entry!r} has host bits set, and uvicorn would never trust it; "
+            f"write the network {str(network)!r} or the address {address!r}"
+        ) from None
+
+
+def _as_ipv4(network: _Network) -> ipaddress.IPv4Network | None:
+    """The IPv4 clients a network trusts: itself, or its IPv4-mapped part (how a dual-stack listener sees
+    IPv4 clients)."""
+    if isinstance(network, ipaddress.IPv4Network):
+        return network
+    if network.prefixlen <= _IPV4_MAPPED.prefixlen:
+        return _ALL_IPV4 if _IPV4_MAPPED.subnet_of(network) else None
+    if not network.subnet_of(_IPV4_MAPPED):
+        return None
+    low = int(network.network_address) & 0xFFFFFFFF
+    return ipaddress.IPv4Network((low, network.prefixlen - _IPV4_MAPPED.prefixlen))
+
+
+def _trusts_everyone(networks: Sequence[_Network]) -> str | None:
+    """Why these entries *together* trust every client (IPv4, IPv4-mapped or IPv6), or None."""
+    ipv4 = [net for net in (_as_ipv4(network) for network in networks) if net is not None]
+    if list(ipaddress.collapse_addresses(ipv4)) == [_ALL_IPV4]:
+        return "together cover every IPv4 address (IPv4-mapped IPv6 entries included)"
+    ipv6 = [net for net in networks if isinstance(net, ipaddress.IPv6Network)]
+    if list(ipaddress.collapse_addresses([*ipv6, _IPV4_MAPPED])) == [_ALL_IPV6]:
+        return "together cover every IPv6 address"
+    return None
+
+
 def validate_forwarded_allow_ips(
     entries: Sequence[str] | None, *, proxy_headers: bool, where: str = "forwarded_allow_ips"
 ) -> list[str]:
     """The trusted-proxy list uvicorn gets, or ServerStartupError naming the offending entry.
 
     Proxy headers let a client claim any address, so they are honoured only from an explicit, non-empty
-    list of proxies; wildcards (``*``, any ``/0``, anything covering every IPv4-mapped IPv6 address) would
-    trust every client and are refused. With proxy headers off the list is not used.
+    list of proxies. Refused: wildcards (``*``, any ``/0``, anything covering every IPv4-mapped IPv6
+    address), lists whose entries together cover every address (``0.0.0.0/1`` + ``128.0.0.0/1``), and
+    networks with host bits set (``127.0.0.1/8``: uvicorn parses strictly and would never trust it). What
+    is accepted is exactly what uvicorn trusts. With proxy headers off the list is not used.
     """
     if not proxy_headers:
         return []
@@ -55,24 +122,19 @@ def validate_forwarded_allow_ips(
             f"{where}: proxy_headers is on, so a non-empty list of trusted proxy addresses is required"
         )
     allowed: list[str] = []
+    networks: list[_Network] = []
     for raw in entries:
         entry = str(raw).strip()
-        if entry == "*":
-            raise ServerStartupError(f"{where}: entry '*' would trust every client; list the proxy addresses")
-        try:
-            network = ipaddress.ip_network(entry, strict=False)
-        except ValueError:
-            raise ServerStartupError(
-                f"{where}: entry {entry!r} is not an IP address or network (e.g. 10.0.0.5 or 10.0.0.0/24)"
-            ) from None
-        if network.prefixlen == 0:
-            raise ServerStartupError(f"{where}: entry {entry!r} is a /0 network that trusts every client")
-        if isinstance(network, ipaddress.IPv6Network) and _IPV4_MAPPED.subnet_of(network):
-            raise ServerStartupError(
-                f"{where}: entry {entry!r} covers every IPv4-mapped IPv6 address (::ffff:0:0/96), "
-                "which trusts every IPv4 client"
-            )
+        network = _parse_proxy_entry(entry, where)
+        _check_parsed_as_uvicorn_does(entry, network, where)
         allowed.append(entry)
+        networks.append(network)
+    reason = _trusts_everyone(networks)
+    if reason is not None:
+        raise ServerStartupError(
+            f"{where}: entries {', '.join(map(repr, allowed))} {reason}, which trusts every client; "
+            "list only the proxy addresses"
+        )
     return allowed
 
 
@@ -114,8 +176,8 @@ def _set_tcp_keepalive(sock: Any, idle: int, interval: int, probes: int) -> None
         pass  # not a TCP socket (unix socket in tests): nothing to keep alive
 
 
-class KeepaliveHttpToolsProtocol(HttpToolsProtocol):
-    """httptools protocol that turns on TCP keepalive for every accepted connection.
+class KeepaliveHttpToolsProtocol(LimitedHttpToolsProtocol):
+    """httptools protocol that turns on TCP keepalive for every accepted connection (and bounds requests).
 
     A peer that vanishes without a FIN (a crashed host, a dropped NAT entry) would otherwise hold the
     connection and its handler forever; the settings are the client pools', so both ends agree. They travel
@@ -164,6 +226,7 @@ def build_uvicorn_config(
         factory=factory,
     )
     setattr(config, _KEEPALIVE_ATTR, _keepalive_settings(client))
+    attach_request_limits(config, RequestLimits.from_server(server))
     return config
 
 
