@@ -318,14 +318,26 @@ class SseEvents:
     ``max_line_bytes`` is dropped (its event flagged ``too_large``) instead of growing the buffer.
     """
 
-    __slots__ = ("_data", "_data_bytes", "_max", "_partial", "_skipping", "dropped", "events_seen")
+    __slots__ = (
+        "_after_cr",
+        "_data",
+        "_data_bytes",
+        "_max",
+        "_partial",
+        "_partial_bytes",
+        "_skipping",
+        "dropped",
+        "events_seen",
+    )
 
     def __init__(self, max_line_bytes: int = MAX_LINE_BYTES) -> None:
-        self._partial = b""
+        self._partial: list[bytes] = []
+        self._partial_bytes = 0
         self._data: list[bytes] = []
         self._data_bytes = 0
         self._max = max_line_bytes
         self._skipping = False
+        self._after_cr = False
         self.dropped = False  # some event was too large to read
         self.events_seen = 0
 
@@ -339,26 +351,37 @@ class SseEvents:
         done: list[bytes] = []
         if not chunk:
             return done
-        buffer = self._partial + chunk if self._partial else chunk
-        tail_cr = False
+        if self._after_cr and chunk.startswith(b"\n"):
+            chunk = chunk[1:]  # the LF of a CRLF split across chunks: its line already ended
+        if b"\n" not in chunk and b"\r" not in chunk:
+            # still inside one line: keep the piece (no copy) unless the line grew too long
+            if not self._skipping:
+                self._partial.append(chunk)
+                self._partial_bytes += len(chunk)
+                if self._partial_bytes > self._max:
+                    self._drop_line()
+            return done
+        self._after_cr = chunk.endswith(b"\r")
+        partial = self._partial
+        buffer = b"".join((*partial, chunk)) if partial else chunk
         if b"\r" in buffer:
-            # CRLF and a lone CR end lines too; a trailing CR is kept back, its LF may come next
-            tail_cr = buffer.endswith(b"\r")
-            if tail_cr:
-                buffer = buffer[:-1]
+            # CRLF and a lone CR end lines too
             buffer = buffer.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         lines = buffer.split(b"\n")
         last = lines.pop()
-        if tail_cr:
-            last += b"\r"
         for line in lines:
             self._line(line, done)
+        self._partial = [last] if last else []
+        self._partial_bytes = len(last)
         if len(last) > self._max:
-            self._skipping = True
-            self.dropped = True
-            last = b""
-        self._partial = last
+            self._drop_line()
         return done
+
+    def _drop_line(self) -> None:
+        self._skipping = True
+        self.dropped = True
+        self._partial = []
+        self._partial_bytes = 0
 
     def _line(self, line: bytes, done: list[bytes]) -> None:
         if not line:
