@@ -58,9 +58,12 @@ MAX_JSON_BYTES: Final = 8 * 1024 * 1024
 MAX_REQUEST_SCAN_BYTES: Final = 1024 * 1024
 #: Before the first content event at most this many stream bytes are read event by event.
 MAX_HEAD_BYTES: Final = 4 * 1024 * 1024
-#: Chunks kept (by reference) after content started; the final events are read from them.
-TAIL_CHUNKS: Final = 32
-MAX_TAIL_BYTES: Final = 8 * 1024 * 1024
+#: After content started, the stream's last chunks are kept (by reference) up to this many bytes, and the
+#: final events (usage, finish reasons) are read from them. A Responses stream repeats the whole output in
+#: its final ``response.completed`` event, so it keeps more.
+TAIL_BYTES: Final = 64 * 1024
+RESPONSES_TAIL_BYTES: Final = 1024 * 1024
+MAX_TAIL_CHUNKS: Final = 8192
 
 _START: Final = "http.response.start"
 _BODY: Final = "http.response.body"
@@ -130,6 +133,7 @@ class _Call:
         "mode",
         "on_complete",
         "operation",
+        "recorded",
         "request_model",
         "scanned",
         "span",
@@ -138,6 +142,9 @@ class _Call:
         "status",
         "streamed",
         "tail",
+        "tail_bytes",
+        "tail_limit",
+        "tail_trimmed",
         "was_read",
     )
 
@@ -169,7 +176,12 @@ class _Call:
         self.head_bytes = 0
         self.sse: SseEvents | None = None
         self.tail: deque[bytes] | None = None
+        self.tail_bytes = 0
+        self.tail_trimmed = False
+        responses = operation == names.GEN_AI_OPERATION_RESPONSES
+        self.tail_limit = RESPONSES_TAIL_BYTES if responses else TAIL_BYTES
         self.was_read = False
+        self.recorded = False
 
     async def receive(self) -> Message:
         message = await self._receive()
@@ -187,7 +199,12 @@ class _Call:
         """Look at ``message`` and pass it on untouched (the inner send's awaitable is returned as is)."""
         if self.mode == _TAIL:  # the hot path of a stream: keep a reference, nothing else
             if message["type"] == _BODY:
-                self.tail.append(message.get("body", b""))  # type: ignore[union-attr]
+                body = message.get("body", b"")
+                tail = self.tail
+                tail.append(body)  # type: ignore[union-attr]
+                self.tail_bytes += len(body)
+                if self.tail_bytes > self.tail_limit or len(tail) > MAX_TAIL_CHUNKS:  # type: ignore[arg-type]
+                    self._trim()
                 if not message.get("more_body", False):
                     return self._last(message)
             return self._send(message)
@@ -199,6 +216,13 @@ class _Call:
         if message["type"] == _BODY and not message.get("more_body", False):
             return self._last(message)
         return self._send(message)
+
+    def _trim(self) -> None:
+        tail = self.tail
+        assert tail is not None
+        self.tail_trimmed = True
+        while len(tail) > 1 and (self.tail_bytes > self.tail_limit or len(tail) > MAX_TAIL_CHUNKS):
+            self.tail_bytes -= len(tail.popleft())
 
     async def _last(self, message: Message) -> None:
         """The final body message: its bytes go out first, then the reply is read and the SERVER span told
@@ -272,7 +296,7 @@ class _Call:
                         {names.ATTR_GEN_AI_TIME_TO_FIRST_TOKEN: now - self.started},
                     )
         if facts.content_started or self.head_bytes > MAX_HEAD_BYTES:
-            self.tail = deque(maxlen=TAIL_CHUNKS)
+            self.tail = deque()
             self.mode = _TAIL
 
     # -- after the last byte -------------------------------------------------------------------------------
@@ -300,12 +324,11 @@ class _Call:
         tail = self.tail
         assert tail is not None and self.sse is not None
         data = b"".join(tail)
-        whole = len(tail) < TAIL_CHUNKS and len(data) <= MAX_TAIL_BYTES
         self.tail = None
         sse = self.sse
-        if not whole:
-            # Chunks fell out of the ring: start reading at the first event boundary of what is left.
-            data = data[-MAX_TAIL_BYTES:]
+        if self.tail_trimmed:
+            # Chunks were let go: start reading at the first event boundary of what is left.
+            data = data[-self.tail_limit :]
             data = data[_event_boundary(data) :]
             sse = SseEvents()
         for event in sse.feed(data):
@@ -420,19 +443,17 @@ class ModelCallMiddleware:
             error = exc
             raise
         finally:
-            try:
-                self._finish(call, error, instruments)
-            except Exception:
-                _internal_failure()
+            if not call.recorded:
+                try:
+                    self._record(call, error, instruments)
+                except Exception:
+                    _internal_failure()
 
     def _complete(self, call: _Call) -> None:
-        """The reply is complete: read it and put the facts on the SERVER span while it is still open."""
-        outcome = call.outcome(None)
-        call.read_reply()
-        span = call.span
-        if span is not None:
-            call.span = None
-            span.set_attributes(self._span_attributes(call, outcome))
+        """The reply's bytes are out, its end is not: record everything while the SERVER span is open."""
+        instruments = STATE.instruments
+        if instruments is not None:
+            self._record(call, None, instruments)
 
     def _labels(self, call: _Call) -> tuple[str, ...]:
         values = [self.server_name or STATE.server_name or "", call.operation]
@@ -443,12 +464,13 @@ class ModelCallMiddleware:
             values.append(model if model in self.allowed_models else names.GEN_AI_MODEL_OTHER)
         return tuple(values)
 
-    def _finish(self, call: _Call, error: BaseException | None, instruments: Instruments) -> None:
+    def _record(self, call: _Call, error: BaseException | None, instruments: Instruments) -> None:
+        """Metrics and SERVER-span attributes of one call (once: at its last byte, else when it ended)."""
+        call.recorded = True
         ended = time.perf_counter()
         outcome = call.outcome(error)
         facts = call.facts
-        if not call.complete:
-            call.read_reply()  # a stream cut short: what arrived may still hold usage
+        call.read_reply()
         labels = self._labels(call)
         instruments.gen_ai_server_duration.record(
             ended - call.started, self._with_outcome.get(*labels, outcome)
@@ -463,7 +485,7 @@ class ModelCallMiddleware:
         if ok and facts.problem is not None:
             instruments.gen_ai_server_unparsable.add(1, self._with_reason.get(*labels, facts.problem))
         span = call.span
-        if span is not None:  # the reply did not complete: the span is still open
+        if span is not None:
             span.set_attributes(self._span_attributes(call, outcome))
 
     def _span_attributes(self, call: _Call, outcome: str) -> dict[str, Any]:
