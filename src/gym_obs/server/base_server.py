@@ -228,8 +228,13 @@ class SimpleServer(BaseServer, abc.ABC):
             profiler.attach(app)
         self._track_lifespan(app)
         # Model servers: GenAI metrics off the reply (inside the failure-reply layer, so exceptions are seen).
-        own = self.config.own_config()
-        install_model_calls(app, server_name=self.server_name, server_type=self.server_type, own_config=own)
+        install_model_calls(
+            app,
+            server_name=self.server_name,
+            server_type=self.server_type,
+            own_config=self.config.own_config(),
+            where=self.where,
+        )
         # Outermost of the app's own middlewares (inside the SERVER span, so events and the session id are
         # on it): failure log and replies, with client-disconnect cancellation and sessions fused in (one
         # layer and one send wrapper per request).
