@@ -63,7 +63,10 @@ MAX_HEAD_BYTES: Final = 4 * 1024 * 1024
 #: its final ``response.completed`` event, so it keeps more.
 TAIL_BYTES: Final = 64 * 1024
 RESPONSES_TAIL_BYTES: Final = 1024 * 1024
-MAX_TAIL_CHUNKS: Final = 8192
+#: Each kept chunk counts this many bytes more, which also bounds how many chunks are kept.
+_CHUNK_CHARGE: Final = 64
+#: Only the stream's last events are read at its end: usage and finish reasons are there.
+TAIL_EVENTS: Final = 16
 
 _START: Final = "http.response.start"
 _BODY: Final = "http.response.body"
@@ -202,8 +205,8 @@ class _Call:
                 body = message.get("body", b"")
                 tail = self.tail
                 tail.append(body)  # type: ignore[union-attr]
-                self.tail_bytes += len(body)
-                if self.tail_bytes > self.tail_limit or len(tail) > MAX_TAIL_CHUNKS:  # type: ignore[arg-type]
+                self.tail_bytes += len(body) + _CHUNK_CHARGE
+                if self.tail_bytes > self.tail_limit:
                     self._trim()
                 if not message.get("more_body", False):
                     return self._last(message)
@@ -221,8 +224,8 @@ class _Call:
         tail = self.tail
         assert tail is not None
         self.tail_trimmed = True
-        while len(tail) > 1 and (self.tail_bytes > self.tail_limit or len(tail) > MAX_TAIL_CHUNKS):
-            self.tail_bytes -= len(tail.popleft())
+        while len(tail) > 1 and self.tail_bytes > self.tail_limit:
+            self.tail_bytes -= len(tail.popleft()) + _CHUNK_CHARGE
 
     async def _last(self, message: Message) -> None:
         """The final body message: its bytes go out first, then the reply is read and the SERVER span told
@@ -321,15 +324,22 @@ class _Call:
                 facts.flag(names.GEN_AI_UNPARSABLE_MISSING_USAGE)
 
     def _read_tail(self) -> None:
+        """Read the last ``TAIL_EVENTS`` events of what was kept (found from the end, never the whole)."""
         tail = self.tail
         assert tail is not None and self.sse is not None
         data = b"".join(tail)
         self.tail = None
+        if b"\r" in data:
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        cut = len(data)
+        for _ in range(TAIL_EVENTS + 1):
+            cut = data.rfind(b"\n\n", 0, cut)
+            if cut < 0:
+                break
         sse = self.sse
-        if self.tail_trimmed:
-            # Chunks were let go: start reading at the first event boundary of what is left.
-            data = data[-self.tail_limit :]
-            data = data[_event_boundary(data) :]
+        if cut >= 0 or self.tail_trimmed:
+            # Start at an event boundary; what came before it cannot change the facts any more.
+            data = data[cut + 2 :] if cut >= 0 else data[_event_boundary(data) :]
             sse = SseEvents()
         for event in sse.feed(data):
             if _late_event(self.operation, event):
