@@ -120,6 +120,11 @@ def test_instruments_export_the_names_the_dashboards_query() -> None:
         "failure_events",
         "rollout_duration",
         "rollouts",
+        "gen_ai_server_duration",
+        "gen_ai_server_ttft",
+        "gen_ai_server_tokens",
+        "gen_ai_server_finishes",
+        "gen_ai_server_unparsable",
     ):
         instrument = getattr(instruments, attribute)
         if hasattr(instrument, "record"):

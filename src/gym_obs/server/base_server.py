@@ -34,6 +34,7 @@ from gym_obs.server._session_routing import (
     worker_routing_environment,
 )
 from gym_obs.server.middleware import PathContextMiddleware
+from gym_obs.server.model_calls import install_model_calls
 from gym_obs.server.ops import profiler_for, set_ulimit
 from gym_obs.server.sessions import (
     OwnedSessionRouting,
@@ -226,6 +227,14 @@ class SimpleServer(BaseServer, abc.ABC):
         if profiler is not None:
             profiler.attach(app)
         self._track_lifespan(app)
+        # Model servers: GenAI metrics off the reply (inside the failure-reply layer, so exceptions are seen).
+        install_model_calls(
+            app,
+            server_name=self.server_name,
+            server_type=self.server_type,
+            own_config=self.config.own_config(),
+            where=self.where,
+        )
         # Outermost of the app's own middlewares (inside the SERVER span, so events and the session id are
         # on it): failure log and replies, with client-disconnect cancellation and sessions fused in (one
         # layer and one send wrapper per request).

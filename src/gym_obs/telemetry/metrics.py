@@ -27,6 +27,15 @@ def _histogram(meter: Meter, name: str, description: str) -> Histogram:
     )
 
 
+def _gen_ai_histogram(meter: Meter, name: str, unit: str, description: str) -> Histogram:
+    return meter.create_histogram(
+        name,
+        unit=unit,
+        description=description,
+        explicit_bucket_boundaries_advisory=list(names.GEN_AI_HISTOGRAM_BUCKETS[name]),
+    )
+
+
 class Instruments:
     """Every instrument gym_obs records to, bound to one meter. Build with :func:`instruments_for`."""
 
@@ -34,6 +43,11 @@ class Instruments:
         "client_request_duration",
         "client_retries",
         "failure_events",
+        "gen_ai_server_duration",
+        "gen_ai_server_finishes",
+        "gen_ai_server_tokens",
+        "gen_ai_server_ttft",
+        "gen_ai_server_unparsable",
         "meter",
         "pool_connections",
         "pool_pending_requests",
@@ -73,6 +87,35 @@ class Instruments:
         )
         self.rollouts: Counter = meter.create_counter(
             names.METRIC_ROLLOUTS, unit=names.UNIT_ROLLOUT, description="Finished rollouts, by outcome."
+        )
+        # GenAI model calls (issue 15): recorded by the model servers' model-call layer.
+        self.gen_ai_server_duration: Histogram = _gen_ai_histogram(
+            meter,
+            names.METRIC_GEN_AI_SERVER_REQUEST_DURATION,
+            names.UNIT_SECONDS,
+            "Model call duration on the model server, to the last byte of the reply.",
+        )
+        self.gen_ai_server_ttft: Histogram = _gen_ai_histogram(
+            meter,
+            names.METRIC_GEN_AI_SERVER_TIME_TO_FIRST_TOKEN,
+            names.UNIT_SECONDS,
+            "Time from the request's arrival to the first content chunk of a streamed reply.",
+        )
+        self.gen_ai_server_tokens: Histogram = _gen_ai_histogram(
+            meter,
+            names.METRIC_GEN_AI_SERVER_TOKEN_USAGE,
+            names.UNIT_TOKEN,
+            "Tokens a model call used, by token type, as the reply reported them.",
+        )
+        self.gen_ai_server_finishes: Counter = meter.create_counter(
+            names.METRIC_GEN_AI_SERVER_FINISHES,
+            unit=names.UNIT_FINISH,
+            description="Finished generations, by finish reason.",
+        )
+        self.gen_ai_server_unparsable: Counter = meter.create_counter(
+            names.METRIC_GEN_AI_SERVER_UNPARSABLE,
+            unit=names.UNIT_REPLY,
+            description="Successful model replies whose usage could not be read, counted once, by reason.",
         )
 
 

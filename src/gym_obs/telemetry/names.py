@@ -175,3 +175,101 @@ SERVICE_VERSION: Final = "service.version"
 #: Batch schedulers' job ids, in the order tried when no run id is configured (Slurm, PBS, LSF, SGE).
 SCHEDULER_JOB_ID_ENVS: Final = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "JOB_ID")
 MAX_RUN_ID_CHARS: Final = 128
+
+# --- GenAI model calls (issue 15) --------------------------------------------------------------------------
+# OpenTelemetry GenAI semantic conventions where one exists; gym additions under ``gym.gen_ai.``. The
+# conventions define no server-side token metric (only ``gen_ai.client.token.usage``), so the model server's
+# token histogram is gym's, with the same unit, attributes and buckets as the client one.
+ATTR_GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
+ATTR_GEN_AI_PROVIDER_NAME: Final = "gen_ai.provider.name"
+ATTR_GEN_AI_REQUEST_MODEL: Final = "gen_ai.request.model"
+ATTR_GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"
+ATTR_GEN_AI_RESPONSE_ID: Final = "gen_ai.response.id"
+ATTR_GEN_AI_RESPONSE_FINISH_REASONS: Final = "gen_ai.response.finish_reasons"
+ATTR_GEN_AI_TOKEN_TYPE: Final = "gen_ai.token.type"
+ATTR_GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"  # includes cached input (semconv)
+ATTR_GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
+ATTR_GEN_AI_USAGE_REASONING_TOKENS: Final = "gen_ai.usage.reasoning.output_tokens"
+ATTR_GEN_AI_USAGE_CACHED_INPUT_TOKENS: Final = "gen_ai.usage.cache_read.input_tokens"
+ATTR_GEN_AI_OUTCOME: Final = "gym.gen_ai.outcome"
+ATTR_GEN_AI_STREAMED: Final = "gym.gen_ai.streamed"  # spans only
+ATTR_GEN_AI_UNPARSABLE_REASON: Final = "gym.gen_ai.unparsable.reason"
+ATTR_GEN_AI_TIME_TO_FIRST_TOKEN: Final = "gym.gen_ai.time_to_first_token"  # on the first-token span event
+
+SPAN_EVENT_GEN_AI_FIRST_TOKEN: Final = "gym.gen_ai.first_token"
+
+GEN_AI_OPERATION_CHAT: Final = "chat"
+GEN_AI_OPERATION_RESPONSES: Final = "responses"
+GEN_AI_OPERATION_MESSAGES: Final = "messages"
+GEN_AI_OPERATIONS: Final = (GEN_AI_OPERATION_CHAT, GEN_AI_OPERATION_RESPONSES, GEN_AI_OPERATION_MESSAGES)
+
+GEN_AI_TOKEN_INPUT: Final = "input"
+GEN_AI_TOKEN_OUTPUT: Final = "output"
+GEN_AI_TOKEN_REASONING: Final = "reasoning"
+GEN_AI_TOKEN_CACHED_INPUT: Final = "cached_input"
+GEN_AI_TOKEN_TYPES: Final = (
+    GEN_AI_TOKEN_INPUT, GEN_AI_TOKEN_OUTPUT, GEN_AI_TOKEN_REASONING, GEN_AI_TOKEN_CACHED_INPUT,
+)
+
+# Finish reasons: the semconv output-message enum, plus ``other`` for anything a dialect adds.
+GEN_AI_FINISH_STOP: Final = "stop"
+GEN_AI_FINISH_LENGTH: Final = "length"
+GEN_AI_FINISH_TOOL_CALL: Final = "tool_call"
+GEN_AI_FINISH_CONTENT_FILTER: Final = "content_filter"
+GEN_AI_FINISH_ERROR: Final = "error"
+GEN_AI_FINISH_OTHER: Final = "other"
+GEN_AI_FINISH_REASONS: Final = (
+    GEN_AI_FINISH_STOP, GEN_AI_FINISH_LENGTH, GEN_AI_FINISH_TOOL_CALL, GEN_AI_FINISH_CONTENT_FILTER,
+    GEN_AI_FINISH_ERROR, GEN_AI_FINISH_OTHER,
+)
+
+GEN_AI_OUTCOME_OK: Final = "ok"
+GEN_AI_OUTCOME_UPSTREAM_ERROR: Final = "upstream_error"  # the model server answered 4xx/5xx
+GEN_AI_OUTCOME_EXCEPTION: Final = "exception"
+GEN_AI_OUTCOME_CANCELLED: Final = "cancelled"  # the caller went away before the reply was complete
+GEN_AI_OUTCOMES: Final = (
+    GEN_AI_OUTCOME_OK, GEN_AI_OUTCOME_UPSTREAM_ERROR, GEN_AI_OUTCOME_EXCEPTION, GEN_AI_OUTCOME_CANCELLED,
+)
+
+GEN_AI_MODEL_OTHER: Final = "other"  # a model name outside the configured allow-list, on metrics
+
+GEN_AI_UNPARSABLE_MALFORMED: Final = "malformed"  # not JSON / not SSE of the dialect
+GEN_AI_UNPARSABLE_TRUNCATED: Final = "truncated"  # the stream ended inside an event
+GEN_AI_UNPARSABLE_MISSING_USAGE: Final = "missing_usage"
+GEN_AI_UNPARSABLE_INVALID_USAGE: Final = "invalid_usage"  # negative, non-integer or absurd counts
+GEN_AI_UNPARSABLE_TOO_LARGE: Final = "too_large"
+GEN_AI_UNPARSABLE_CONTENT_TYPE: Final = "content_type"  # neither JSON nor an event stream
+GEN_AI_UNPARSABLE_REASONS: Final = (
+    GEN_AI_UNPARSABLE_MALFORMED, GEN_AI_UNPARSABLE_TRUNCATED, GEN_AI_UNPARSABLE_MISSING_USAGE,
+    GEN_AI_UNPARSABLE_INVALID_USAGE, GEN_AI_UNPARSABLE_TOO_LARGE, GEN_AI_UNPARSABLE_CONTENT_TYPE,
+)
+
+GEN_AI_ROUTE_CHAT: Final = "/v1/chat/completions"
+GEN_AI_ROUTE_RESPONSES: Final = "/v1/responses"
+GEN_AI_ROUTE_MESSAGES: Final = "/v1/messages"
+
+UNIT_TOKEN: Final = "{token}"
+UNIT_REPLY: Final = "{reply}"
+UNIT_FINISH: Final = "{finish}"
+
+METRIC_GEN_AI_SERVER_REQUEST_DURATION: Final = "gen_ai.server.request.duration"
+METRIC_GEN_AI_SERVER_TIME_TO_FIRST_TOKEN: Final = "gen_ai.server.time_to_first_token"
+METRIC_GEN_AI_SERVER_TOKEN_USAGE: Final = "gym.gen_ai.server.token.usage"
+METRIC_GEN_AI_SERVER_FINISHES: Final = "gym.gen_ai.server.finishes"
+METRIC_GEN_AI_SERVER_UNPARSABLE: Final = "gym.gen_ai.server.unparsable_replies"
+
+# Buckets: the GenAI semantic conventions' advisory boundaries.
+GEN_AI_DURATION_BUCKETS_S: Final = (
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+)
+GEN_AI_TTFT_BUCKETS_S: Final = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+)
+GEN_AI_TOKEN_BUCKETS: Final = (
+    1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864,
+)
+GEN_AI_HISTOGRAM_BUCKETS: Final = {
+    METRIC_GEN_AI_SERVER_REQUEST_DURATION: GEN_AI_DURATION_BUCKETS_S,
+    METRIC_GEN_AI_SERVER_TIME_TO_FIRST_TOKEN: GEN_AI_TTFT_BUCKETS_S,
+    METRIC_GEN_AI_SERVER_TOKEN_USAGE: GEN_AI_TOKEN_BUCKETS,
+}

@@ -1,0 +1,525 @@
+"""Model-call telemetry for model servers: GenAI metrics and span attributes read off the reply as it passes.
+
+A pure ASGI layer, installed only on model servers (``server_type: responses_api_models`` or
+``model_calls: {enabled: true}`` in the server's own config) and only when telemetry is on. It sits inside
+the SERVER span (and inside the failure-reply layer, so a handler's exception is seen as one), recognises
+the dialect by route and watches what the handler sends:
+
+- a JSON reply is kept (bounded) and read once after its last byte went out;
+- a streamed SSE reply is read event by event only until its first content event (time to first token),
+  then only a reference to each later chunk is kept in a small ring, and the ring's last events (where
+  usage and finish reasons live) are read once after the last byte went out.
+
+No byte is held back or delayed: every message is passed on as it comes. Nothing here raises into the reply
+path; a reply that cannot be read costs its token metrics and is counted once as unparsable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Final
+
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gym_obs.config import ConfigError
+from gym_obs.telemetry import names
+from gym_obs.telemetry._state import STATE
+from gym_obs.telemetry.genai import (
+    ReplyFacts,
+    SseEvents,
+    dialect_for_path,
+    facts_from_json,
+    model_from_request_body,
+    update_from_event,
+)
+from gym_obs.telemetry.metrics import AttributeCache, Instruments
+
+__all__ = [
+    "MODEL_CALLS_CONFIG_KEY",
+    "ModelCallConfig",
+    "ModelCallMiddleware",
+    "install_model_calls",
+    "model_call_config",
+]
+
+MODEL_CALLS_CONFIG_KEY: Final = "model_calls"
+MODEL_SERVER_TYPE: Final = "responses_api_models"
+
+#: A JSON reply larger than this is not read (``too_large``); its bytes still pass untouched.
+MAX_JSON_BYTES: Final = 8 * 1024 * 1024
+#: Request bytes searched for the ``"model"`` field (a prompt can be large; the field is usually early).
+MAX_REQUEST_SCAN_BYTES: Final = 1024 * 1024
+#: Before the first content event at most this many stream bytes are read event by event.
+MAX_HEAD_BYTES: Final = 4 * 1024 * 1024
+#: After content started, the stream's last chunks are kept (by reference) up to this many bytes, and the
+#: final events (usage, finish reasons) are read from them. A Responses stream repeats the whole output in
+#: its final ``response.completed`` event, so it keeps more.
+TAIL_BYTES: Final = 64 * 1024
+RESPONSES_TAIL_BYTES: Final = 1024 * 1024
+#: Each kept chunk counts this many bytes more, which also bounds how many chunks are kept.
+_CHUNK_CHARGE: Final = 64
+#: Only the stream's last events are read at its end: usage and finish reasons are there.
+TAIL_EVENTS: Final = 16
+
+_START: Final = "http.response.start"
+_BODY: Final = "http.response.body"
+_CONTENT_TYPE: Final = b"content-type"
+
+_WAITING, _JSON, _HEAD, _TAIL, _PASS = range(5)
+
+_log = logging.getLogger("gym_obs.server")
+_failed_once = False
+
+
+class ModelCallConfig(BaseModel):
+    """``model_calls`` in a server's own config: the switch, the provider and the model allow-list."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool | None = None  # None: on for server_type responses_api_models
+    provider: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9_.]{0,63}$")
+    model_allow_list: list[str] = Field(default_factory=list, max_length=256)
+
+
+def model_call_config(
+    server_type: str, own_config: Mapping[str, Any], *, where: str = "server"
+) -> ModelCallConfig | None:
+    """The server's model-call config when the layer applies to it, else None; bad config is a clear error."""
+    raw = own_config.get(MODEL_CALLS_CONFIG_KEY)
+    try:
+        config = ModelCallConfig.model_validate(raw if raw is not None else {})
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'value'}: {e['msg']}" for e in exc.errors()
+        )
+        raise ConfigError(f"{where}.{MODEL_CALLS_CONFIG_KEY}: {problems}") from None
+    enabled = config.enabled if config.enabled is not None else server_type == MODEL_SERVER_TYPE
+    return config if enabled else None
+
+
+def install_model_calls(
+    app: Any, *, server_name: str, server_type: str, own_config: Mapping[str, Any], where: str = "server"
+) -> bool:
+    """Add the layer to a Starlette/FastAPI ``app`` when it applies and telemetry is on; True if added."""
+    config = model_call_config(server_type, own_config, where=where)
+    if config is None or not STATE.enabled:
+        return False
+    app.add_middleware(
+        ModelCallMiddleware,
+        server_name=server_name,
+        provider=config.provider,
+        model_allow_list=config.model_allow_list,
+    )
+    return True
+
+
+class _Call:
+    """One model call: what was sent so far and the facts read from it."""
+
+    __slots__ = (
+        "_receive",
+        "_send",
+        "complete",
+        "disconnected",
+        "facts",
+        "first_token_at",
+        "head_bytes",
+        "json_bytes",
+        "json_parts",
+        "mode",
+        "on_complete",
+        "operation",
+        "recorded",
+        "request_model",
+        "scanned",
+        "span",
+        "sse",
+        "started",
+        "status",
+        "streamed",
+        "tail",
+        "tail_bytes",
+        "tail_limit",
+        "tail_trimmed",
+        "was_read",
+    )
+
+    def __init__(
+        self,
+        operation: str,
+        receive: Receive,
+        send: Send,
+        span: Span | None,
+        on_complete: Callable[[_Call], None],
+    ) -> None:
+        self.operation = operation
+        self.on_complete = on_complete
+        self._receive = receive
+        self._send = send
+        self.span = span
+        self.started = time.perf_counter()
+        self.mode = _WAITING
+        self.status = 0
+        self.complete = False
+        self.disconnected = False
+        self.streamed = False
+        self.facts = ReplyFacts()
+        self.first_token_at: float | None = None
+        self.request_model: str | None = None
+        self.scanned = 0
+        self.json_parts: list[bytes] = []
+        self.json_bytes = 0
+        self.head_bytes = 0
+        self.sse: SseEvents | None = None
+        self.tail: deque[bytes] | None = None
+        self.tail_bytes = 0
+        self.tail_trimmed = False
+        responses = operation == names.GEN_AI_OPERATION_RESPONSES
+        self.tail_limit = RESPONSES_TAIL_BYTES if responses else TAIL_BYTES
+        self.was_read = False
+        self.recorded = False
+
+    async def receive(self) -> Message:
+        message = await self._receive()
+        kind = message["type"]
+        if kind == "http.request":
+            if self.request_model is None and self.scanned < MAX_REQUEST_SCAN_BYTES:
+                body = message.get("body", b"")
+                self.scanned += len(body)
+                self.request_model = model_from_request_body(body)
+        elif kind == "http.disconnect":
+            self.disconnected = True
+        return message
+
+    def send(self, message: Message) -> Awaitable[None]:
+        """Look at ``message`` and pass it on untouched (the inner send's awaitable is returned as is)."""
+        if self.mode == _TAIL:  # the hot path of a stream: keep a reference, nothing else
+            if message["type"] == _BODY:
+                body = message.get("body", b"")
+                tail = self.tail
+                tail.append(body)  # type: ignore[union-attr]
+                self.tail_bytes += len(body) + _CHUNK_CHARGE
+                if self.tail_bytes > self.tail_limit:
+                    self._trim()
+                if not message.get("more_body", False):
+                    return self._last(message)
+            return self._send(message)
+        try:
+            self._inspect(message)
+        except Exception:
+            _internal_failure()
+            self.mode = _PASS
+        if message["type"] == _BODY and not message.get("more_body", False):
+            return self._last(message)
+        return self._send(message)
+
+    def _trim(self) -> None:
+        tail = self.tail
+        assert tail is not None
+        self.tail_trimmed = True
+        while len(tail) > 1 and self.tail_bytes > self.tail_limit:
+            self.tail_bytes -= len(tail.popleft()) + _CHUNK_CHARGE
+
+    async def _last(self, message: Message) -> None:
+        """The final body message: its bytes go out first, then the reply is read and the SERVER span told
+        (it ends when the end of the body passes), then the end of the body goes out."""
+        self.complete = True
+        body = message.get("body", b"")
+        if body:
+            await self._send({"type": _BODY, "body": body, "more_body": True})
+            message = {"type": _BODY, "body": b"", "more_body": False}
+        try:
+            self.on_complete(self)
+        except Exception:
+            _internal_failure()
+        self.mode = _PASS
+        await self._send(message)
+
+    def _inspect(self, message: Message) -> None:
+        kind = message["type"]
+        if kind == _START:
+            self._start(message)
+            return
+        if kind != _BODY:
+            return
+        body: bytes = message.get("body", b"")
+        mode = self.mode
+        if mode == _JSON:
+            self.json_bytes += len(body)
+            if self.json_bytes > MAX_JSON_BYTES:
+                self.facts.flag(names.GEN_AI_UNPARSABLE_TOO_LARGE)
+                self.json_parts = []
+                self.mode = _PASS
+            elif body:
+                self.json_parts.append(body)
+        elif mode == _HEAD:
+            self._head(body)
+
+    def _start(self, message: Message) -> None:
+        self.status = status = int(message.get("status", 200))
+        if status >= 400:
+            self.mode = _PASS
+            return
+        content_type = b""
+        for key, value in message.get("headers", ()):
+            if key.lower() == _CONTENT_TYPE:
+                content_type = value.lower()
+                break
+        if content_type.startswith(b"text/event-stream"):
+            self.streamed = True
+            self.sse = SseEvents()
+            self.mode = _HEAD
+        elif b"json" in content_type:
+            self.mode = _JSON
+        else:
+            self.facts.flag(names.GEN_AI_UNPARSABLE_CONTENT_TYPE)
+            self.mode = _PASS
+
+    def _head(self, body: bytes) -> None:
+        """Read events until the first content event; then switch to the ring of references."""
+        sse = self.sse
+        assert sse is not None
+        facts = self.facts
+        self.head_bytes += len(body)
+        for data in sse.feed(body):
+            if update_from_event(self.operation, data, facts) and self.first_token_at is None:
+                self.first_token_at = now = time.perf_counter()
+                facts.content_started = True
+                span = self.span
+                if span is not None:
+                    span.add_event(
+                        names.SPAN_EVENT_GEN_AI_FIRST_TOKEN,
+                        {names.ATTR_GEN_AI_TIME_TO_FIRST_TOKEN: now - self.started},
+                    )
+        if facts.content_started or self.head_bytes > MAX_HEAD_BYTES:
+            self.tail = deque()
+            self.mode = _TAIL
+
+    # -- after the last byte -------------------------------------------------------------------------------
+
+    def read_reply(self) -> None:
+        """Read what was kept (once): the JSON document, or the stream's last events."""
+        if self.was_read:
+            return
+        self.was_read = True
+        facts = self.facts
+        if self.mode == _JSON:
+            facts_from_json(self.operation, b"".join(self.json_parts), facts)
+            self.json_parts = []
+        elif self.streamed and self.sse is not None:
+            if self.mode == _TAIL and self.tail:
+                self._read_tail()
+            if self.complete and self.sse.pending:
+                facts.flag(names.GEN_AI_UNPARSABLE_TRUNCATED)
+            if self.sse.dropped:
+                facts.flag(names.GEN_AI_UNPARSABLE_TOO_LARGE)
+            if not facts.has_usage:
+                facts.flag(names.GEN_AI_UNPARSABLE_MISSING_USAGE)
+
+    def _read_tail(self) -> None:
+        """Read the last ``TAIL_EVENTS`` events of what was kept (found from the end, never the whole)."""
+        tail = self.tail
+        assert tail is not None and self.sse is not None
+        data = b"".join(tail)
+        self.tail = None
+        if b"\r" in data:
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        cut = len(data)
+        for _ in range(TAIL_EVENTS + 1):
+            cut = data.rfind(b"\n\n", 0, cut)
+            if cut < 0:
+                break
+        sse = self.sse
+        if cut >= 0 or self.tail_trimmed:
+            # Start at an event boundary; what came before it cannot change the facts any more.
+            data = data[cut + 2 :] if cut >= 0 else data[_event_boundary(data) :]
+            sse = SseEvents()
+        for event in sse.feed(data):
+            if _late_event(self.operation, event):
+                update_from_event(self.operation, event, self.facts)
+        self.sse = sse
+
+    def outcome(self, error: BaseException | None) -> str:
+        if error is not None:
+            if isinstance(error, asyncio.CancelledError) or self.disconnected or _is_disconnect(error):
+                return names.GEN_AI_OUTCOME_CANCELLED
+            return names.GEN_AI_OUTCOME_EXCEPTION
+        if self.status == 0:
+            return names.GEN_AI_OUTCOME_EXCEPTION
+        if not self.complete:
+            return names.GEN_AI_OUTCOME_CANCELLED
+        if self.status >= 400:
+            return names.GEN_AI_OUTCOME_UPSTREAM_ERROR
+        return names.GEN_AI_OUTCOME_OK
+
+
+def _event_boundary(data: bytes) -> int:
+    """Offset just past the first blank line (any SSE line ending), or len(data) when there is none."""
+    best = len(data)
+    for mark in (b"\n\n", b"\r\n\r\n", b"\r\r"):
+        at = data.find(mark)
+        if at >= 0:
+            best = min(best, at + len(mark))
+    return best
+
+
+def _non_null_after(data: bytes, key: bytes) -> bool:
+    """Whether ``key`` appears with a value other than ``null`` (no JSON parse)."""
+    at = data.find(key)
+    while at >= 0:
+        rest = data[at + len(key) : at + len(key) + 16].lstrip()
+        if rest.startswith(b":") and not rest[1:].lstrip().startswith(b"null"):
+            return True
+        at = data.find(key, at + len(key))
+    return False
+
+
+def _late_event(operation: str, data: bytes) -> bool:
+    """Whether an event after the first content may carry usage or a finish reason (parse only those)."""
+    if operation == names.GEN_AI_OPERATION_CHAT:
+        return _non_null_after(data, b'"usage"') or _non_null_after(data, b'"finish_reason"')
+    if operation == names.GEN_AI_OPERATION_RESPONSES:
+        return (
+            b'"response.completed"' in data
+            or b'"response.incomplete"' in data
+            or (b'"response.failed"' in data or b'"error"' in data)
+        )
+    return b"message_delta" in data or b'"error"' in data
+
+
+def _is_disconnect(error: BaseException) -> bool:
+    """The caller went away while the reply was being sent (uvicorn's and Starlette's ways of saying so)."""
+    return isinstance(error, OSError) or type(error).__name__ in ("ClientDisconnect", "ClientDisconnected")
+
+
+def _internal_failure() -> None:
+    global _failed_once
+    if not _failed_once:
+        _failed_once = True
+        _log.warning("model-call telemetry failed; the reply is unaffected", exc_info=True)
+
+
+def _server_span() -> Span | None:
+    span = trace.get_current_span()
+    if span.is_recording() and getattr(span, "kind", None) is SpanKind.SERVER:
+        return span
+    return None
+
+
+class ModelCallMiddleware:
+    """The model-call layer (pure ASGI; see the module docstring), added by :func:`install_model_calls`."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        server_name: str | None = None,
+        provider: str | None = None,
+        model_allow_list: Sequence[str] = (),
+    ) -> None:
+        self.app = app
+        self.server_name = server_name
+        self.provider = provider
+        self.allowed_models = frozenset(model_allow_list)
+        keys = [names.ATTR_SERVER_NAME, names.ATTR_GEN_AI_OPERATION_NAME]
+        if provider is not None:
+            keys.append(names.ATTR_GEN_AI_PROVIDER_NAME)
+        if self.allowed_models:
+            keys.append(names.ATTR_GEN_AI_REQUEST_MODEL)
+        self._base = AttributeCache(*keys)
+        self._with_outcome = AttributeCache(*keys, names.ATTR_GEN_AI_OUTCOME)
+        self._with_token = AttributeCache(*keys, names.ATTR_GEN_AI_TOKEN_TYPE)
+        self._with_finish = AttributeCache(*keys, names.ATTR_GEN_AI_RESPONSE_FINISH_REASONS)
+        self._with_reason = AttributeCache(*keys, names.ATTR_GEN_AI_UNPARSABLE_REASON)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        operation = dialect_for_path(scope["path"]) if scope["type"] == "http" else None
+        instruments = STATE.instruments
+        if operation is None or instruments is None or not STATE.enabled:
+            await self.app(scope, receive, send)
+            return
+        call = _Call(operation, receive, send, _server_span(), self._complete)
+        error: BaseException | None = None
+        try:
+            await self.app(scope, call.receive, call.send)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            if not call.recorded:
+                try:
+                    self._record(call, error, instruments)
+                except Exception:
+                    _internal_failure()
+
+    def _complete(self, call: _Call) -> None:
+        """The reply's bytes are out, its end is not: record everything while the SERVER span is open."""
+        instruments = STATE.instruments
+        if instruments is not None:
+            self._record(call, None, instruments)
+
+    def _labels(self, call: _Call) -> tuple[str, ...]:
+        values = [self.server_name or STATE.server_name or "", call.operation]
+        if self.provider is not None:
+            values.append(self.provider)
+        if self.allowed_models:
+            model = call.request_model or call.facts.response_model
+            values.append(model if model in self.allowed_models else names.GEN_AI_MODEL_OTHER)
+        return tuple(values)
+
+    def _record(self, call: _Call, error: BaseException | None, instruments: Instruments) -> None:
+        """Metrics and SERVER-span attributes of one call (once: at its last byte, else when it ended)."""
+        call.recorded = True
+        ended = time.perf_counter()
+        outcome = call.outcome(error)
+        facts = call.facts
+        call.read_reply()
+        labels = self._labels(call)
+        instruments.gen_ai_server_duration.record(
+            ended - call.started, self._with_outcome.get(*labels, outcome)
+        )
+        ok = outcome == names.GEN_AI_OUTCOME_OK
+        if ok and call.first_token_at is not None:
+            instruments.gen_ai_server_ttft.record(call.first_token_at - call.started, self._base.get(*labels))
+        for token_type, count in facts.tokens():
+            instruments.gen_ai_server_tokens.record(count, self._with_token.get(*labels, token_type))
+        for reason in facts.finish_reasons:
+            instruments.gen_ai_server_finishes.add(1, self._with_finish.get(*labels, reason))
+        if ok and facts.problem is not None:
+            instruments.gen_ai_server_unparsable.add(1, self._with_reason.get(*labels, facts.problem))
+        span = call.span
+        if span is not None:
+            span.set_attributes(self._span_attributes(call, outcome))
+
+    def _span_attributes(self, call: _Call, outcome: str) -> dict[str, Any]:
+        facts = call.facts
+        attributes: dict[str, Any] = {
+            names.ATTR_GEN_AI_OPERATION_NAME: call.operation,
+            names.ATTR_GEN_AI_OUTCOME: outcome,
+            names.ATTR_GEN_AI_STREAMED: call.streamed,
+        }
+        problem = facts.problem if outcome == names.GEN_AI_OUTCOME_OK else None
+        optional = (
+            (names.ATTR_GEN_AI_PROVIDER_NAME, self.provider),
+            (names.ATTR_GEN_AI_REQUEST_MODEL, call.request_model),
+            (names.ATTR_GEN_AI_RESPONSE_MODEL, facts.response_model),
+            (names.ATTR_GEN_AI_RESPONSE_ID, facts.response_id),
+            (names.ATTR_GEN_AI_USAGE_INPUT_TOKENS, facts.input_tokens),
+            (names.ATTR_GEN_AI_USAGE_OUTPUT_TOKENS, facts.output_tokens),
+            (names.ATTR_GEN_AI_USAGE_REASONING_TOKENS, facts.reasoning_tokens),
+            (names.ATTR_GEN_AI_USAGE_CACHED_INPUT_TOKENS, facts.cached_input_tokens),
+            (names.ATTR_GEN_AI_UNPARSABLE_REASON, problem),
+        )
+        for key, value in optional:
+            if value is not None:
+                attributes[key] = value
+        if facts.finish_reasons:
+            attributes[names.ATTR_GEN_AI_RESPONSE_FINISH_REASONS] = tuple(facts.finish_reasons)
+        return attributes
