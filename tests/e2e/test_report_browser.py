@@ -253,7 +253,8 @@ _CHECKS = """(() => {
     names: JSON.parse(t.querySelector('script.span-data').textContent).map(s => s.name),
     rows: t.querySelectorAll('.span-row').length,
     attempts: t.querySelectorAll('.ev-attempt').length}));
-  return {ready: document.body.dataset.reportReady, pwned: window.__pwned === undefined ? null : window.__pwned,
+  return {ready: document.body.dataset.reportReady,
+          pwned: window.__pwned === undefined ? null : window.__pwned,
           sections: [...document.querySelectorAll('main > section')].map(s => s.id),
           imgs: document.querySelectorAll('img').length, scripts: document.querySelectorAll('script').length,
           json_scripts: document.querySelectorAll('script[type="application/json"]').length,
@@ -264,7 +265,8 @@ _CHECKS = """(() => {
 
 async def _load(devtools: str, page: Path) -> Loaded:
     async with aiohttp.ClientSession() as session:
-        async with session.ws_connect(await _page_ws(session, devtools), max_msg_size=0) as ws:
+        ws_url = await _page_ws(session, devtools)
+        async with session.ws_connect(ws_url, max_msg_size=0) as ws:
             tools = DevTools(ws)
             for domain in ("Runtime", "Log", "Page"):
                 await tools.call(f"{domain}.enable")

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from gym_obs.harness.report import ReportError, build_report, write_report
-from gym_obs.harness.report.model import FAILED, SLOWEST
+from gym_obs.harness.report.model import FAILED, SLOWEST, Rollout, RolloutStats
 from gym_obs.telemetry import names
 
 HOSTILE = '<script>window.__pwned=1</script>"><img src=x onerror="window.__pwned=2">'
@@ -307,6 +307,21 @@ def test_truncated_and_corrupt_lines_are_counted_not_fatal(tmp_path: Path) -> No
     }
     page = write_report(run).read_text()
     assert "5 lines skipped" in page and "gym_agent_0-1.traces.jsonl" in page
+
+
+def test_cheap_grouping_agrees_with_the_validated_chains(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "run", 40, failed_every=2)
+    rows = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
+    rows.append({"rollout_id": "broken", "outcome": "failure", "_ng_failure_events": "nope"})
+    stats = RolloutStats()
+    for row in rows:
+        stats.add(Rollout.from_row(row, validate=False))
+    validated = RolloutStats()
+    for row in rows:
+        validated.add(Rollout.from_row(row))
+    assert {k: g.count for k, g in stats.groups.items()} == {k: g.count for k, g in validated.groups.items()}
+    assert stats.invalid_reports == validated.invalid_reports == 1
+    assert all(r.chain for r in stats.failed_samples() if r.rollout_id != "broken")
 
 
 def test_a_folder_without_rows_reports_from_rollout_spans(tmp_path: Path) -> None:

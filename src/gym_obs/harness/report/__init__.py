@@ -75,7 +75,7 @@ def _collect_rollouts(run_dir: Path, tel_dir: Path, skipped: Skipped) -> tuple[R
     stats = RolloutStats()
     if (run_dir / ROWS_FILE).is_file():
         for row in iter_rows(run_dir, skipped):
-            stats.add(Rollout.from_row(row))
+            stats.add(Rollout.from_row(row, validate=False))
         return stats, ROWS_FILE
     for span in iter_spans(tel_dir, skipped):
         if span.name == names.SPAN_ROLLOUT:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gym_obs.failures import InvalidFailureReport
-from gym_obs.failures.rows import read_report_from_row
+from gym_obs.failures.rows import ROW_FAILURE_EVENTS_KEY, ROW_FAILURE_ID_KEY, read_report_from_row
 from gym_obs.harness.stats import quantiles
 from gym_obs.harness.telemetry_files import HistogramTotal, MetricTotals
 from gym_obs.telemetry import names
@@ -26,13 +26,14 @@ __all__ = [
     "RolloutStats",
     "failure_chain",
     "metric_view",
+    "raw_group_key",
     "time_series",
 ]
 
 SLOWEST = 8
 FAILED = 12
 MAX_CHAIN = 32
-TIME_BINS = 120
+TIME_BINS = 90
 OUTCOME_FAILURE = names.ROLLOUT_OUTCOME_FAILURE
 
 
@@ -118,7 +119,9 @@ class Rollout:
     row: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> Rollout:
+    def from_row(cls, row: dict[str, Any], *, validate: bool = True) -> Rollout:
+        """``validate=False`` defers the failure layer's validation of the report to whoever needs the
+        chain (the report validates only the rollouts it shows)."""
         duration = row.get("duration_s")
         started = row.get("started_at")
         trace = row.get("trace_id")
@@ -130,7 +133,7 @@ class Rollout:
             duration_s=float(duration) if isinstance(duration, (int, float)) and _finite(duration) else 0.0,
             started_at=float(started) if isinstance(started, (int, float)) and _finite(started) else None,
             error=str(error) if error is not None else None,
-            chain=failure_chain(row) if row.get("outcome") == OUTCOME_FAILURE else None,
+            chain=failure_chain(row) if validate and row.get("outcome") == OUTCOME_FAILURE else None,
             row=row,
         )
 
@@ -144,6 +147,54 @@ def _finite(value: Any) -> bool:
 
 
 GroupKey = tuple[str, str, str, str]  # root kind, boundary, stage, foreign cause
+INVALID_GROUP: GroupKey = ("(no valid failure report)", "", "", "")
+_MAX_LABEL = 120
+
+
+def _group_key(chain: list[ChainLink]) -> GroupKey:
+    root, foreign = _root(chain)
+    return (
+        (root.kind if root else None) or "(unknown)",
+        (root.boundary if root else None) or "",
+        (root.stage if root else None) or "",
+        foreign or "",
+    )
+
+
+def _text(value: Any) -> str | None:
+    return value[:_MAX_LABEL] if isinstance(value, str) else None
+
+
+def raw_group_key(row: dict[str, Any]) -> GroupKey | None:
+    """The root-cause group of a row's report, read without the full validation (bounded, cycle-safe).
+
+    Grouping thousands of failures this way is cheap; the strings are escaped wherever they are shown and
+    the rollouts the page details are validated by ``failure_chain``. ``None``: no usable report.
+    """
+    events = row.get(ROW_FAILURE_EVENTS_KEY)
+    record = events.get(row.get(ROW_FAILURE_ID_KEY)) if isinstance(events, dict) else None
+    root: dict[str, Any] | None = None
+    foreign: str | None = None
+    seen: set[str] = set()
+    while isinstance(record, dict) and len(seen) < MAX_CHAIN:
+        event_id = record.get("event_id")
+        if not isinstance(event_id, str) or event_id in seen:
+            break
+        seen.add(event_id)
+        if isinstance(record.get("failure_kind"), str):
+            root, foreign = record, None
+        elif foreign is None:
+            foreign = _text(record.get("exception_type"))
+        cause = record.get("cause_id")
+        record = events.get(cause) if isinstance(cause, str) and isinstance(events, dict) else None
+    if root is None and foreign is None:
+        return None
+    return (
+        (_text(root.get("failure_kind")) if root else None) or "(unknown)",
+        (_text(root.get("boundary")) if root else None) or "",
+        (_text(root.get("stage")) if root else None) or "",
+        foreign or "",
+    )
 
 
 @dataclass(slots=True)
@@ -185,21 +236,17 @@ class RolloutStats:
         rollout.row = {}  # the row's job is done; keep memory flat
 
     def _add_failure(self, rollout: Rollout) -> None:
-        if rollout.chain is None:
+        key = _group_key(rollout.chain) if rollout.chain is not None else raw_group_key(rollout.row)
+        if key is None:
             self.invalid_reports += 1
-            key: GroupKey = ("(no valid failure report)", "", "", "")
-        else:
-            root, foreign = _root(rollout.chain)
-            key = (
-                (root.kind if root else None) or "(unknown)",
-                (root.boundary if root else None) or "",
-                (root.stage if root else None) or "",
-                foreign or "",
-            )
+            key = INVALID_GROUP
         group = self.groups.get(key)
         if group is None:
             group = self.groups[key] = FailureGroup(*key)
         group.count += 1
+        shown = group.example is None or len(self._failed) < FAILED
+        if shown and rollout.chain is None and rollout.row:
+            rollout.chain = failure_chain(rollout.row)  # validated only for the rollouts on the page
         if group.example is None:
             group.example = rollout
         elif len(self._failed) < FAILED:
@@ -232,7 +279,8 @@ def time_series(
         return 0.0, 1.0, [], []
     start = min(t for t, _ in ends)
     span = max(t for t, _ in ends) - start
-    width = max(span / bins, 0.001) if span > 0 else 1.0
+    # bins of at least a tenth of the run (and of 1 s once the run is long): a rate over a few ms is noise
+    width = max(span / bins, min(1.0, span / 10)) if span > 0 else 1.0
     count = min(bins, int(span / width) + 1)
     totals, failures = [0] * count, [0] * count
     for t, failed in ends:

@@ -135,11 +135,12 @@ def render_waterfall(trace_id: str, spans: Sequence[Span], colors: dict[str, str
         out.append(f'<g class="span-row" data-span="{index}" data-kind="{_esc(kind)}" tabindex="0">')
         out.append(f'<rect class="row-bg" x="0" y="{y}" width="{width}" height="{_ROW_H}"/>')
         indent = 6 + row.depth * 12
+        service = _fit(span.service.removeprefix(names.SERVICE_NAME_PREFIX), 16)
+        label = _fit(_label(span), 44 - row.depth * 2 - len(service))
         marker = "▸ " if span.kind in (SPAN_KIND_CLIENT, SPAN_KIND_SERVER) else ""
         out.append(
             f'<text class="span-label" x="{indent}" y="{y + 14}"><tspan class="svc" fill="{color}">'
-            f"{_esc(span.service.removeprefix(names.SERVICE_NAME_PREFIX))}</tspan> {_esc(marker)}"
-            f"{_esc(_label(span)[:60])}</text>"
+            f"{_esc(service)}</tspan> {_esc(marker)}{_esc(label)}</text>"
         )
         out.append(
             f'<rect class="{cls}" x="{x:.1f}" y="{y + 4}" width="{w:.1f}" height="{_ROW_H - 8}" rx="2"'
@@ -160,6 +161,11 @@ def render_waterfall(trace_id: str, spans: Sequence[Span], colors: dict[str, str
     details = json_for_script([_span_detail(r.span) for r in rows])
     note = f'<p class="note">{cut} more spans not drawn.</p>' if cut > 0 else ""
     return "".join(out) + note + f'<script type="application/json" class="span-data">{details}</script>'
+
+
+def _fit(text: str, limit: int) -> str:
+    limit = max(limit, 8)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _event_summary(attributes: dict[str, Any]) -> str:
