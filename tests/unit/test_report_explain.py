@@ -91,3 +91,27 @@ def test_grafana_link_when_the_run_used_an_otlp_endpoint(tmp_path: Path) -> None
     line = next(line for line in text.splitlines() if line.startswith("grafana"))
     assert line.split()[1].startswith("http://grafana.local:3000/explore?left=")
     assert "gym-tempo" in line and f"{0:032x}" in line
+
+
+def test_a_folder_without_rows_is_explained_from_its_spans(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "sink", 5, rows=False)
+    doc = json.loads(_cli("run-000003", str(run), "--json").stdout)
+    assert doc["outcome"] == "failure" and doc["trace_id"] == f"{3:032x}"
+    assert [h["destination"] for h in doc["hops"]] == ["agent_0", "model_0"]
+    missing = _cli("run-999999", str(run))
+    assert missing.returncode == 2 and "it has 5 rollouts" in missing.stderr
+
+
+def test_json_output_escapes_control_characters(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "run", 2)
+    row = {**failure_row(60, "boom"), "rollout_id": "ctl", "error": f"err {ESCAPES}"}
+    with (run / "rollouts.jsonl").open("a") as rows:
+        rows.write(json.dumps(row) + "\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "gym_obs.cli", "explain", "ctl", str(run), "--json"],
+        capture_output=True,
+        timeout=60,
+    )
+    assert result.returncode == 0
+    assert not any(byte < 0x20 and byte not in (0x0A, 0x20) for byte in result.stdout)
+    assert json.loads(result.stdout)["error"] == f"err {ESCAPES}"  # intact for scripts, escaped on the wire
