@@ -119,7 +119,8 @@ def render_waterfall(trace_id: str, spans: Sequence[Span], colors: dict[str, str
     while tick <= total_ms + 1e-9:
         x = _LABEL_W + tick * scale
         out.append(f'<line class="tick" x1="{x:.1f}" y1="{_TOP - 6}" x2="{x:.1f}" y2="{height}"/>')
-        out.append(f'<text class="tick-label" x="{x:.1f}" y="{_TOP - 10}">{tick:g} ms</text>')
+        label = f"{tick / 1000:g} s" if step >= 1000 else f"{tick:g} ms"
+        out.append(f'<text class="tick-label" x="{x:.1f}" y="{_TOP - 10}">{label}</text>')
         tick += step
     for index, row in enumerate(rows):
         span = row.span
