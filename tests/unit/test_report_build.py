@@ -369,3 +369,21 @@ def test_cli_writes_to_out_and_prints_the_path(tmp_path: Path) -> None:
     assert result.stdout.strip() == str(tmp_path / "site" / "report.html")
     assert (tmp_path / "site" / "report.html").read_text().startswith("<!DOCTYPE html>")
     assert not (run / "report.html").exists()
+
+
+def test_a_folder_of_runs_reports_its_latest_run(tmp_path: Path) -> None:
+    make_run(tmp_path / "runs" / "abc123", 4)
+    (tmp_path / "runs" / "latest").symlink_to("abc123")
+    path = write_report(tmp_path / "runs")
+    assert path == tmp_path / "runs" / "latest" / "report.html"
+    assert build_report(tmp_path / "runs").stats.total == 4
+
+
+def test_rows_without_telemetry_still_give_a_report(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "run", 6)
+    for path in (run / "telemetry").iterdir():
+        path.unlink()
+    page = write_report(run).read_text()
+    assert "no metric files in this folder" in page
+    assert "no spans in this folder" in page
+    assert build_report(run).stats.total == 6

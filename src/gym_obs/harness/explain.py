@@ -25,6 +25,7 @@ from gym_obs.harness.report.reading import (
     Span,
     iter_rows,
     iter_spans,
+    resolve_run_dir,
     telemetry_dir,
 )
 from gym_obs.telemetry import names
@@ -187,7 +188,7 @@ def grafana_explore_url(grafana: str, trace_id: str) -> str:
 
 def explain(wanted: str, run_dir: str | Path, *, grafana_url: str = DEFAULT_GRAFANA_URL) -> Explanation:
     """Find ``wanted`` (a rollout id or a trace id) in ``run_dir``; ``UnknownRollout`` if it is not there."""
-    run_dir = Path(run_dir)
+    run_dir = resolve_run_dir(Path(run_dir)) if Path(run_dir).is_dir() else Path(run_dir)
     tel_dir = telemetry_dir(run_dir)
     rollout, count = _find(wanted, run_dir, tel_dir) if run_dir.is_dir() else (None, 0)
     if rollout is None:

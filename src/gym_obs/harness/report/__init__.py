@@ -21,6 +21,7 @@ from gym_obs.harness.report.reading import (
     count_metric_lines,
     iter_rows,
     iter_spans,
+    resolve_run_dir,
     telemetry_dir,
 )
 from gym_obs.harness.telemetry_files import read_metric_totals
@@ -88,6 +89,7 @@ def build_report(run_dir: str | Path) -> ReportData:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ReportError(f"not a directory: {run_dir}")
+    run_dir = resolve_run_dir(run_dir)
     tel_dir = telemetry_dir(run_dir)
     summary = read_run_summary(run_dir)
     run_id = summary.get("run_id") if isinstance(summary.get("run_id"), str) else None
@@ -124,6 +126,7 @@ def build_report(run_dir: str | Path) -> ReportData:
     if otlp and not has_telemetry:
         notes.append("spans and metrics were sent to an OTLP endpoint: open the traces in Grafana (Tempo)")
     return ReportData(
+        run_dir=run_dir,
         title=f"gym-obs run {run_id}" if run_id else f"gym-obs run report: {run_dir.name}",
         run_id=run_id,
         source=source,
@@ -149,7 +152,7 @@ def _span_of(stats: RolloutStats) -> float | None:
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Write ``OUT/report.html`` (default: inside ``run_dir``) and return its path."""
     data = build_report(run_dir)
-    out_dir = Path(out) if out is not None else Path(run_dir)
+    out_dir = Path(out) if out is not None else data.run_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / REPORT_FILE
     tmp = path.with_suffix(".html.tmp")

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from importlib.resources import files
+from pathlib import Path
 
 from gym_obs.harness.report.charts import bars, cause_tree, esc, fmt_s, histogram, time_series_chart
 from gym_obs.harness.report.model import MetricView, Rollout, RolloutStats, time_series
@@ -30,6 +31,7 @@ def trace_anchor(trace_id: str) -> str:
 class ReportData:
     """Everything one page shows, gathered by ``build_report``."""
 
+    run_dir: Path
     title: str
     run_id: str | None
     source: str

@@ -28,6 +28,7 @@ __all__ = [
     "iter_jsonl",
     "iter_rows",
     "iter_spans",
+    "resolve_run_dir",
     "telemetry_dir",
 ]
 
@@ -131,6 +132,13 @@ def telemetry_dir(run_dir: Path) -> Path:
     """A harness folder keeps telemetry in ``telemetry/``; a ``gym-obs serve`` sink folder is the folder."""
     nested = run_dir / "telemetry"
     return nested if nested.is_dir() else run_dir
+
+
+def resolve_run_dir(path: Path) -> Path:
+    """``path`` itself, or its ``latest`` run when ``path`` is a folder of runs (``harness-out/latest``)."""
+    latest = path / "latest"
+    own = (path / ROWS_FILE).is_file() or any(telemetry_dir(path).glob("*.jsonl"))
+    return latest if not own and latest.is_dir() else path
 
 
 def _int(value: Any) -> int:
