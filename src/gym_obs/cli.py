@@ -80,11 +80,22 @@ def _add_harness(subparsers: _Subparsers[argparse.ArgumentParser]) -> None:
     add_harness_parser(subparsers)
 
 
+def _add_grafana_url(parser: argparse.ArgumentParser) -> None:
+    from gym_obs.harness.report.links import DEFAULT_GRAFANA_URL
+
+    parser.add_argument(
+        "--grafana-url",
+        default=DEFAULT_GRAFANA_URL,
+        help="Grafana for the Explore links of a run that used an OTLP endpoint "
+        f"(default {DEFAULT_GRAFANA_URL})",
+    )
+
+
 def _report(args: argparse.Namespace) -> int:
     from gym_obs.harness.report import ReportError, write_report
 
     try:
-        path = write_report(args.run_dir, args.out)
+        path = write_report(args.run_dir, args.out, grafana_url=args.grafana_url)
     except (ReportError, OSError) as exc:
         print(f"gym-obs report: error: {exc}", file=sys.stderr)
         return 2
@@ -104,6 +115,7 @@ def _add_report(subparsers: _Subparsers[argparse.ArgumentParser]) -> None:
         "run_dir", type=Path, nargs="?", default=Path("harness-out"), help="run folder (default: harness-out)"
     )
     parser.add_argument("--out", type=Path, default=None, help="write OUT/report.html (default: RUN_DIR)")
+    _add_grafana_url(parser)
     parser.set_defaults(handler=_report)
 
 
@@ -122,8 +134,6 @@ def _explain(args: argparse.Namespace) -> int:
 
 
 def _add_explain(subparsers: _Subparsers[argparse.ArgumentParser]) -> None:
-    from gym_obs.harness.explain import DEFAULT_GRAFANA_URL
-
     parser = subparsers.add_parser(
         "explain",
         help="why did one rollout fail: its failure chain, hops and trace",
@@ -136,12 +146,7 @@ def _add_explain(subparsers: _Subparsers[argparse.ArgumentParser]) -> None:
         "run_dir", type=Path, nargs="?", default=Path("harness-out"), help="run folder (default: harness-out)"
     )
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")
-    parser.add_argument(
-        "--grafana-url",
-        default=DEFAULT_GRAFANA_URL,
-        help="Grafana for the Explore link of a run that used an OTLP endpoint "
-        f"(default {DEFAULT_GRAFANA_URL})",
-    )
+    _add_grafana_url(parser)
     parser.set_defaults(handler=_explain)
 
 

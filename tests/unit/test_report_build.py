@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from html.parser import HTMLParser
@@ -387,3 +388,27 @@ def test_rows_without_telemetry_still_give_a_report(tmp_path: Path) -> None:
     assert "no metric files in this folder" in page
     assert "no spans in this folder" in page
     assert build_report(run).stats.total == 6
+
+
+def test_an_otlp_run_links_its_traces_to_grafana(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "run", 4)
+    shutil.rmtree(run / "telemetry")
+    (run / "summary.json").write_text(json.dumps({"telemetry": {"otlp_endpoint": "http://127.0.0.1:4318"}}))
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gym_obs.cli",
+            "report",
+            str(run),
+            "--grafana-url",
+            "http://grafana.test:3000",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    page = (run / "report.html").read_text()
+    assert 'href="http://grafana.test:3000/explore?left=' in page
+    assert "open the traces in Grafana" in page

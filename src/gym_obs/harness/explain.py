@@ -8,14 +8,13 @@ terminal, reasons are bounded.
 
 from __future__ import annotations
 
-import json
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
-from gym_obs.harness.report import REPORT_FILE, read_run_summary, rollout_from_span, trace_anchor
+from gym_obs.harness.report import REPORT_FILE, read_run_summary, rollout_from_span
+from gym_obs.harness.report.links import DEFAULT_GRAFANA_URL, grafana_explore_url, trace_anchor
 from gym_obs.harness.report.model import Rollout
 from gym_obs.harness.report.reading import (
     ROWS_FILE,
@@ -30,10 +29,8 @@ from gym_obs.harness.report.reading import (
 )
 from gym_obs.telemetry import names
 
-__all__ = ["DEFAULT_GRAFANA_URL", "Explanation", "UnknownRollout", "explain", "printable", "render_text"]
+__all__ = ["Explanation", "UnknownRollout", "explain", "printable", "render_text"]
 
-DEFAULT_GRAFANA_URL = "http://127.0.0.1:3000"
-TEMPO_DATASOURCE_UID = "gym-tempo"  # dashboards/provisioning/datasources/gym-datasources.yaml
 MAX_REASON = 300
 MAX_HOPS = 200
 
@@ -175,15 +172,6 @@ def _find(wanted: str, run_dir: Path, tel_dir: Path) -> tuple[Rollout | None, in
         if key in (rollout.rollout_id, span.trace_id) or span.trace_id.lower() == key.lower():
             return rollout, count
     return None, count
-
-
-def grafana_explore_url(grafana: str, trace_id: str) -> str:
-    """Grafana Explore on the gym Tempo datasource, querying this trace id."""
-    pane = {
-        "datasource": TEMPO_DATASOURCE_UID,
-        "queries": [{"refId": "A", "queryType": "traceql", "query": trace_id}],
-    }
-    return f"{grafana.rstrip('/')}/explore?left={quote(json.dumps(pane, separators=(',', ':')), safe='')}"
 
 
 def explain(wanted: str, run_dir: str | Path, *, grafana_url: str = DEFAULT_GRAFANA_URL) -> Explanation:

@@ -12,13 +12,15 @@ from typing import Any
 
 import orjson
 
+from gym_obs.harness.report.links import DEFAULT_GRAFANA_URL, trace_anchor
 from gym_obs.harness.report.model import Rollout, RolloutStats, metric_view
-from gym_obs.harness.report.page import SECTION_IDS, ReportData, render_page, trace_anchor
+from gym_obs.harness.report.page import SECTION_IDS, ReportData, render_page
 from gym_obs.harness.report.reading import (
     ROWS_FILE,
     Skipped,
     Span,
     count_metric_lines,
+    has_telemetry_files,
     iter_rows,
     iter_spans,
     resolve_run_dir,
@@ -84,7 +86,7 @@ def _collect_rollouts(run_dir: Path, tel_dir: Path, skipped: Skipped) -> tuple[R
     return stats, f"{names.SPAN_ROLLOUT} spans (no {ROWS_FILE} in this folder)"
 
 
-def build_report(run_dir: str | Path) -> ReportData:
+def build_report(run_dir: str | Path, *, grafana_url: str = DEFAULT_GRAFANA_URL) -> ReportData:
     """Read ``run_dir`` and gather what the page shows; raises ``ReportError`` only for an unusable folder."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -97,7 +99,7 @@ def build_report(run_dir: str | Path) -> ReportData:
     # a rows file is read (and its skips counted) once; a spans-only folder reads its traces twice
     rows_skipped = Skipped() if (run_dir / ROWS_FILE).is_file() else skipped
     stats, source = _collect_rollouts(run_dir, tel_dir, rows_skipped)
-    has_telemetry = any(tel_dir.glob("*.jsonl"))
+    has_telemetry = has_telemetry_files(tel_dir)
     if not stats.total and not has_telemetry and not (run_dir / ROWS_FILE).is_file():
         raise ReportError(f"{run_dir} holds no {ROWS_FILE} and no telemetry *.jsonl files")
     slowest, failed = stats.slowest(), stats.failed_samples()
@@ -138,6 +140,7 @@ def build_report(run_dir: str | Path) -> ReportData:
         skipped=skipped,
         wall_seconds=float(wall) if isinstance(wall, (int, float)) and wall > 0 else _span_of(stats),
         notes=notes,
+        grafana_url=grafana_url if otlp and not has_telemetry else None,
     )
 
 
@@ -149,9 +152,11 @@ def _span_of(stats: RolloutStats) -> float | None:
     return span if span > 0 else None
 
 
-def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
+def write_report(
+    run_dir: str | Path, out: str | Path | None = None, *, grafana_url: str = DEFAULT_GRAFANA_URL
+) -> Path:
     """Write ``OUT/report.html`` (default: inside ``run_dir``) and return its path."""
-    data = build_report(run_dir)
+    data = build_report(run_dir, grafana_url=grafana_url)
     out_dir = Path(out) if out is not None else data.run_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / REPORT_FILE

@@ -13,18 +13,14 @@ from importlib.resources import files
 from pathlib import Path
 
 from gym_obs.harness.report.charts import bars, cause_tree, esc, fmt_s, histogram, time_series_chart
+from gym_obs.harness.report.links import grafana_explore_url, trace_anchor
 from gym_obs.harness.report.model import MetricView, Rollout, RolloutStats, time_series
 from gym_obs.harness.report.reading import Skipped, Span
 from gym_obs.harness.report.waterfall import PALETTE, render_waterfall
 
-__all__ = ["SECTION_IDS", "ReportData", "render_page", "trace_anchor"]
+__all__ = ["SECTION_IDS", "ReportData", "render_page"]
 
 SECTION_IDS = ("summary", "latency", "retries", "pool-waits", "failures", "slowest", "failed", "timeseries")
-
-
-def trace_anchor(trace_id: str) -> str:
-    """The element id of a trace's waterfall: ``report.html#trace-<id>`` opens it."""
-    return f"trace-{trace_id}"
 
 
 @dataclass
@@ -43,6 +39,7 @@ class ReportData:
     skipped: Skipped
     wall_seconds: float | None
     notes: list[str] = field(default_factory=list)
+    grafana_url: str | None = None  # set when the spans went to an OTLP endpoint instead of this folder
 
 
 def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], cls: str = "") -> str:
@@ -207,9 +204,14 @@ def _rollout_block(rollout: Rollout, data: ReportData, drawn: set[str], colors: 
         )
     spans = data.traces.get(trace)
     if not spans:
+        grafana = (
+            f' · <a href="{esc(grafana_explore_url(data.grafana_url, trace))}">open it in Grafana</a>'
+            if data.grafana_url
+            else ""
+        )
         return (
             f'<div class="rollout"><h3>{head}</h3><p class="muted">trace <code>{esc(trace)}</code>: no spans '
-            "in this folder</p></div>"
+            f"in this folder{grafana}</p></div>"
         )
     drawn.add(trace)
     services = len({s.service for s in spans})

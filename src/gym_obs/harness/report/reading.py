@@ -25,6 +25,7 @@ __all__ = [
     "Span",
     "SpanEvent",
     "count_metric_lines",
+    "has_telemetry_files",
     "iter_jsonl",
     "iter_rows",
     "iter_spans",
@@ -134,10 +135,15 @@ def telemetry_dir(run_dir: Path) -> Path:
     return nested if nested.is_dir() else run_dir
 
 
+def has_telemetry_files(directory: Path) -> bool:
+    """Whether the file sink wrote anything here (spans or metrics of any process)."""
+    return any(directory.glob(f"*{TRACES_SUFFIX}")) or any(directory.glob(f"*{METRICS_SUFFIX}"))
+
+
 def resolve_run_dir(path: Path) -> Path:
     """``path`` itself, or its ``latest`` run when ``path`` is a folder of runs (``harness-out/latest``)."""
     latest = path / "latest"
-    own = (path / ROWS_FILE).is_file() or any(telemetry_dir(path).glob("*.jsonl"))
+    own = (path / ROWS_FILE).is_file() or has_telemetry_files(telemetry_dir(path))
     return latest if not own and latest.is_dir() else path
 
 
