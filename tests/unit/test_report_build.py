@@ -412,3 +412,16 @@ def test_an_otlp_run_links_its_traces_to_grafana(tmp_path: Path) -> None:
     page = (run / "report.html").read_text()
     assert 'href="http://grafana.test:3000/explore?left=' in page
     assert "open the traces in Grafana" in page
+
+
+def test_enum_names_for_kind_and_status_are_understood(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "run", 1, failed_every=1)
+    traces = run / "telemetry" / "gym_model_0-1.traces.jsonl"
+    traces.write_text(
+        traces.read_text()
+        .replace('"kind": 2', '"kind": "SPAN_KIND_SERVER"')
+        .replace('"code": 2', '"code": "STATUS_CODE_ERROR"')
+    )
+    spans = build_report(run).traces[f"{0:032x}"]
+    model = next(s for s in spans if s.service == "gym/model_0")
+    assert model.kind == 2 and model.is_error

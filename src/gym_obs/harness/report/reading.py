@@ -147,7 +147,21 @@ def resolve_run_dir(path: Path) -> Path:
     return latest if not own and latest.is_dir() else path
 
 
+_ENUM_NAMES = {
+    "SPAN_KIND_INTERNAL": 1,
+    "SPAN_KIND_SERVER": 2,
+    "SPAN_KIND_CLIENT": 3,
+    "SPAN_KIND_PRODUCER": 4,
+    "SPAN_KIND_CONSUMER": 5,
+    "STATUS_CODE_OK": 1,
+    "STATUS_CODE_ERROR": 2,
+}
+
+
 def _int(value: Any) -> int:
+    """An OTLP/JSON integer, which may be a decimal string or (from some writers) an enum name."""
+    if isinstance(value, str) and value in _ENUM_NAMES:
+        return _ENUM_NAMES[value]
     try:
         return int(value)
     except (TypeError, ValueError):
