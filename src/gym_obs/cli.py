@@ -80,11 +80,83 @@ def _add_harness(subparsers: _Subparsers[argparse.ArgumentParser]) -> None:
     add_harness_parser(subparsers)
 
 
+def _add_grafana_url(parser: argparse.ArgumentParser) -> None:
+    from gym_obs.harness.report.links import DEFAULT_GRAFANA_URL
+
+    parser.add_argument(
+        "--grafana-url",
+        default=DEFAULT_GRAFANA_URL,
+        help="Grafana for the Explore links of a run that used an OTLP endpoint "
+        f"(default {DEFAULT_GRAFANA_URL})",
+    )
+
+
+def _report(args: argparse.Namespace) -> int:
+    from gym_obs.harness.report import ReportError, write_report
+
+    try:
+        path = write_report(args.run_dir, args.out, grafana_url=args.grafana_url)
+    except (ReportError, OSError) as exc:
+        print(f"gym-obs report: error: {exc}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0
+
+
+def _add_report(subparsers: _Subparsers[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "report",
+        help="write a self-contained HTML report of a run folder",
+        description="Read a run folder (a harness run, or the file-sink folder of gym-obs serve) and write "
+        "one self-contained HTML file: summary, per-hop latency, retries, pool waits, failures by root cause "
+        "with their cause trees, waterfalls of the slowest and failed rollouts, rollouts/s over time.",
+    )
+    parser.add_argument(
+        "run_dir", type=Path, nargs="?", default=Path("harness-out"), help="run folder (default: harness-out)"
+    )
+    parser.add_argument("--out", type=Path, default=None, help="write OUT/report.html (default: RUN_DIR)")
+    _add_grafana_url(parser)
+    parser.set_defaults(handler=_report)
+
+
+def _explain(args: argparse.Namespace) -> int:
+    import json
+
+    from gym_obs.harness.explain import UnknownRollout, explain, render_text
+
+    try:
+        explanation = explain(args.id, args.run_dir, grafana_url=args.grafana_url)
+    except UnknownRollout as exc:
+        print(f"gym-obs explain: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(explanation.as_json(), indent=2) if args.json else render_text(explanation))
+    return 0
+
+
+def _add_explain(subparsers: _Subparsers[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "explain",
+        help="why did one rollout fail: its failure chain, hops and trace",
+        description="Print one rollout's outcome, duration, failure chain (outermost -> root cause), the "
+        "hops "
+        "it made with latency and attempts, and how to open its trace.",
+    )
+    parser.add_argument("id", metavar="ROLLOUT_ID_OR_TRACE_ID", help="a rollout id or a trace id")
+    parser.add_argument(
+        "run_dir", type=Path, nargs="?", default=Path("harness-out"), help="run folder (default: harness-out)"
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON for scripts")
+    _add_grafana_url(parser)
+    parser.set_defaults(handler=_explain)
+
+
 # Each entry adds one subcommand; later subcommands (serve, harness, ...) append theirs here.
 _COMMANDS: tuple[Callable[[_Subparsers[argparse.ArgumentParser]], None], ...] = (
     _add_dashboards,
     _add_serve,
     _add_harness,
+    _add_report,
+    _add_explain,
 )
 
 
