@@ -10,6 +10,8 @@ need_apt=()
 command -v prometheus >/dev/null 2>&1 || need_apt+=(prometheus)
 command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 command -v docker-compose >/dev/null 2>&1 || need_apt+=(docker-compose)
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)          # the HTML report's browser test
+dpkg -s fonts-dejavu-core >/dev/null 2>&1 || need_apt+=(fonts-dejavu-core)  # text in its screenshot
 dpkg -s libpython3.11 >/dev/null 2>&1 || need_apt+=(libpython3.11)
 if [ ${#need_apt[@]} -gt 0 ]; then
     SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"

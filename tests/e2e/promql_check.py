@@ -392,6 +392,7 @@ def prometheus_config(
         scrape["file_sd_configs"] = [{"files": [str(path) for path in file_sd], "refresh_interval": "5s"}]
     return {
         "global": {"scrape_interval": interval, "scrape_timeout": interval, "evaluation_interval": interval},
+        "rule_files": [str(Path(__file__).resolve().parents[2] / "collector" / "alerts.yml")],
         "scrape_configs": [scrape],
     }
 

@@ -173,6 +173,9 @@ def add_harness_parser(subparsers: Any) -> None:
         help="after the rollouts, keep every process and its /metrics up this long before stopping, "
         "so Prometheus can scrape the final values (Ctrl-C or SIGTERM ends the wait early; default 0)",
     )
+    run.add_argument(
+        "--no-report", action="store_true", help="do not write OUT/report.html at the end of the run"
+    )
     run.set_defaults(handler=harness_run)
 
 
@@ -228,6 +231,7 @@ def _run(args: argparse.Namespace) -> int:
             seed=args.seed,
             pool_limit_per_host=args.pool_limit_per_host,
             linger_s=args.linger,
+            report=not args.no_report,
         )
         run_harness(options)
     except (HarnessError, FaultPlanError) as exc:

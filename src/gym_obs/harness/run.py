@@ -317,5 +317,17 @@ def run_harness(options: HarnessOptions, console: Console | None = None) -> dict
     except OSError as exc:
         raise HarnessError(f"cannot write {out / 'summary.json'}: {exc.strerror or exc}") from None
     render_summary(summary, console)
+    if options.report:
+        _write_report(out)
     sys.stdout.flush()
     return summary
+
+
+def _write_report(out: Path) -> None:
+    """The HTML report is a convenience: a folder it cannot read is a warning, never a failed run."""
+    from gym_obs.harness.report import ReportError, write_report
+
+    try:
+        print(f"report: {write_report(out)}")  # never wrapped: scripts and terminals can open the path
+    except (ReportError, OSError) as exc:
+        print(f"gym-obs harness: warning: no report written: {exc}", file=sys.stderr)

@@ -81,6 +81,7 @@ class HarnessOptions:
     seed: int | None = None
     pool_limit_per_host: int | None = None  # data-pool connections per destination, per process
     linger_s: float = 0.0  # keep every process (and its /metrics) up this long after the rollouts
+    report: bool = True  # write OUT/report.html at the end of the run (gym_obs.harness.report)
     run_id: str = field(default_factory=lambda: _default_run_id())
 
     @property
