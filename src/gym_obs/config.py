@@ -73,6 +73,7 @@ class GlobalAIOHTTPAsyncClientConfig(_Strict):
 # --- server runtime: head server, server instances, the global config ------------------------------------
 
 _SERVER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+_REDACTED = "[REDACTED]"  # what the head server serves in place of a secret (telemetry.redaction.REDACTED)
 _ENTRYPOINT_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"
 
 
@@ -120,7 +121,8 @@ class ServerInstanceConfig(BaseModel):
     log_level: str = "info"
     startup_timeout_s: float = Field(default=60.0, gt=0)
     # Sessions: the secret this server's session keys derive from. Unset: a secret generated per
-    # deployment (sessions then end with the server). Served by the head server like every key here.
+    # deployment (sessions then end with the server). Never served by the head server (redacted there, as
+    # every secret-looking key is); launched servers get it from the launcher's environment.
     session_secret: str | None = Field(default=None, min_length=16)
     # CPU profiling for the server's lifetime (extra `profiling`); reports on shutdown and GET /stats.
     profiling_enabled: bool = False
@@ -129,6 +131,12 @@ class ServerInstanceConfig(BaseModel):
     _check_numbers = field_validator(
         "port", "num_workers", "backlog", "timeout_keep_alive_s", "startup_timeout_s", mode="before"
     )(_no_bool)
+
+    @field_validator("session_secret", mode="before")
+    @classmethod
+    def _redacted_secret_is_unset(cls, value: object) -> object:
+        """A config fetched from the head server has ``[REDACTED]`` here: no secret, not a 10-char one."""
+        return None if value == _REDACTED else value
 
     @field_validator("entrypoint")
     @classmethod
