@@ -48,8 +48,8 @@ def outputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Outputs]:
     file_dir = tmp_path_factory.mktemp("telemetry")
     config = canary_config(HEAD_PORT, FRONT_PORT, PEER_PORT, RECEIVER_PORT, file_dir)
     logs = tmp_path_factory.mktemp("logs")
-    with RawOtlpReceiver(RECEIVER_PORT) as receiver, launch(config, log_dir=logs, env=launch_env()) as running:
-        yield Outputs(running, receiver, file_dir)
+    with RawOtlpReceiver(RECEIVER_PORT) as receiver, launch(config, log_dir=logs, env=launch_env()) as run:
+        yield Outputs(run, receiver, file_dir)
 
 
 QUERY_FORMS = (
