@@ -87,6 +87,19 @@ class CanaryPeerServer(SimpleServer):
             body = {"detail": f"token={CANARY}", FAILURE_REPORT_BODY_KEY: report.to_payload()}
             return JSONResponse(body, status_code=500, headers={FAILURE_REPORT_HEADER: header})
 
+        @app.post("/lying_report/{status}")
+        async def lying_report(status: int) -> Response:
+            """A hostile peer: answers 500 with a report whose failure claims ``status`` (200, 204)."""
+            claim = NgFailureEvent("provider_unavailable", "claims success", boundary="model")
+            claim.http_status = status
+            events = {claim.event_id: dict(claim.to_record())}
+            report = FailureReport(failure_id=claim.event_id, events=events)
+            return JSONResponse(
+                {"detail": "failed", FAILURE_REPORT_BODY_KEY: report.to_payload()},
+                status_code=500,
+                headers={FAILURE_REPORT_HEADER: encode_failure_report(report)},
+            )
+
         @app.post("/report_status/{status}")
         async def report_status(status: int) -> Response:
             """A peer whose failure report claims ``status`` (200, 204) for a failure."""
@@ -126,6 +139,11 @@ class CanaryFrontServer(SimpleServer):
         @app.post("/peer_status/{status}")
         async def peer_status(status: int) -> dict[str, Any]:
             await raise_boundary_failure(await request("POST", _peer_url(self, f"/report_status/{status}")))
+            return {"returned": "normally"}
+
+        @app.post("/lying_peer/{status}")
+        async def lying_peer(status: int) -> dict[str, Any]:
+            await raise_boundary_failure(await request("POST", _peer_url(self, f"/lying_report/{status}")))
             return {"returned": "normally"}
 
         @app.get("/session")

@@ -40,14 +40,16 @@ class RawOtlpReceiver(OtlpReceiver):
         body = await request.read()
         return gzip.decompress(body) if request.headers.get("Content-Encoding") == "gzip" else body
 
+    def _keep(self, path: str, body: bytes) -> None:
+        with self._lock:  # never held across an await: the handlers share the receiver's loop
+            self.raw.append((path, body))
+
     async def _traces(self, request: web.Request) -> web.Response:
-        with self._lock:
-            self.raw.append((request.path, await self._body(request)))
+        self._keep(request.path, await self._body(request))
         return await super()._traces(request)
 
     async def _ignore(self, request: web.Request) -> web.Response:
-        with self._lock:
-            self.raw.append((request.path, await self._body(request)))
+        self._keep(request.path, await self._body(request))
         return await super()._ignore(request)
 
     def bodies(self) -> list[tuple[str, bytes]]:

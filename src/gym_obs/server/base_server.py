@@ -21,7 +21,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp
 
-from gym_obs.client.http_client import close_global_aiohttp_client
+from gym_obs.client.http_client import close_global_aiohttp_client, is_global_aiohttp_client_setup
 from gym_obs.client.server_client import ServerClient, global_config_from_environment
 from gym_obs.config import GlobalConfig, ServerInstanceConfig
 from gym_obs.failures.kinds import Boundary
@@ -307,7 +307,9 @@ class SimpleServer(BaseServer, abc.ABC):
 
 async def _close_client_sessions() -> None:
     try:
-        await close_global_aiohttp_client()
+        if is_global_aiohttp_client_setup():
+            await close_global_aiohttp_client()
+            _log.info("client sessions closed")
     except Exception:
         _log.warning("closing the client sessions failed", exc_info=True)
 
