@@ -42,8 +42,9 @@ def _peer_url(server: SimpleServer, path: str) -> str:
     return server.server_client.url("peer", path)
 
 
-def hostile_report(http_status: int | None = 500) -> FailureReport:
-    """A report with the canary in every string field a peer controls (ids stay well-formed)."""
+def hostile_report(http_status: int | None = 500, *, valid_kind: bool = False) -> FailureReport:
+    """A report with the canary in every string field a peer controls (ids stay well-formed); with
+    ``valid_kind`` the final failure's kind is a real one, so only the other fields are hostile."""
     final = NgFailureEvent("internal_error", "x", boundary="model", http_status=http_status).to_record()
     cause = NgFailureEvent("internal_error", "y", boundary="model").to_record()
     foreign: dict[str, Any] = {
@@ -55,7 +56,7 @@ def hostile_report(http_status: int | None = 500) -> FailureReport:
         "details": {"api_key": CANARY, "nested": {"password": CANARY}},
     }
     final.update(
-        failure_kind=f"token={CANARY}",
+        failure_kind="internal_error" if valid_kind else f"token={CANARY}",
         failure_reason=f"{SECRET_TEXT} \x1b[2J",
         stage=f"secret={CANARY}",
         rollout_id=f"token={CANARY}",
@@ -80,9 +81,9 @@ class CanaryPeerServer(SimpleServer):
         async def explain() -> PlainTextResponse:
             return PlainTextResponse(f"{UPSTREAM_PROBLEM} ({SECRET_TEXT})", status_code=500)
 
-        @app.post("/hostile_report")
-        async def hostile(request: Request) -> Response:
-            report = hostile_report()
+        @app.post("/hostile_report/{variant}")
+        async def hostile(variant: str) -> Response:
+            report = hostile_report(valid_kind=variant == "valid_kind")
             header = encode_failure_report(report)
             body = {"detail": f"token={CANARY}", FAILURE_REPORT_BODY_KEY: report.to_payload()}
             return JSONResponse(body, status_code=500, headers={FAILURE_REPORT_HEADER: header})
@@ -132,9 +133,9 @@ class CanaryFrontServer(SimpleServer):
         async def upstream() -> None:
             await raise_for_status(await request("POST", _peer_url(self, "/explain")))
 
-        @app.post("/peer_report")
-        async def peer_report() -> None:
-            await raise_boundary_failure(await request("POST", _peer_url(self, "/hostile_report")))
+        @app.post("/peer_report/{variant}")
+        async def peer_report(variant: str) -> None:
+            await raise_boundary_failure(await request("POST", _peer_url(self, f"/hostile_report/{variant}")))
 
         @app.post("/peer_status/{status}")
         async def peer_status(status: int) -> dict[str, Any]:
