@@ -3,29 +3,33 @@
 uvicorn writes ``'%s - "%s %s HTTP/%s" %d'`` with the path *and* query string as the third argument, and a
 query is where callers put API keys (``?key=…``) and anything else (``?x&q=…``): the free-text scrubber can
 only guess at what is secret in one. The filter keeps the path and drops everything from the first ``?`` or
-``#`` before the line is formatted, whatever handler or format the process uses. Installed once per process
-by every gym server (a logger-level filter runs for every record the logger itself emits).
+``#`` before the line is formatted, whatever handler or format the process uses; control characters in the
+(percent-decoded) path are escaped, so a request for ``/%1b[2J`` cannot clear the terminal reading the log.
+Installed once per process by every gym server (a logger-level filter runs for every record the logger
+itself emits).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from typing import Final
 
 __all__ = ["ACCESS_LOGGER", "QueryFreeAccessLog", "install_query_free_access_log", "path_only"]
 
 ACCESS_LOGGER: Final = "uvicorn.access"
+_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def path_only(target: str) -> str:
-    """``target`` up to its query or fragment."""
+    """``target`` up to its query or fragment, control characters escaped (``\\x1b``)."""
     for mark in ("?", "#"):
         target = target.partition(mark)[0]
-    return target
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", target)
 
 
 def _clean(arg: object) -> object:
-    return path_only(arg) if isinstance(arg, str) and ("?" in arg or "#" in arg) else arg
+    return path_only(arg) if isinstance(arg, str) else arg
 
 
 class QueryFreeAccessLog(logging.Filter):

@@ -19,6 +19,7 @@ from fastapi.exception_handlers import request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
 from starlette.responses import Response
 
+from gym_obs.telemetry.bodies import bounded_excerpt
 from gym_obs.telemetry.logging import get_logger
 
 __all__ = ["MAX_LOGGED_ERRORS", "log_validation_failures", "summarize_validation_errors"]
@@ -27,6 +28,7 @@ MAX_LOGGED_ERRORS: Final = 5
 _FIELD_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]{0,63}")
 _MASKED: Final = "<key>"
 _MAX_MESSAGE_CHARS: Final = 120
+_MAX_PATH_CHARS: Final = 200
 # Messages a validator author wrote (they may quote the submitted value); every other message is pydantic's.
 _AUTHORED_TYPES: Final = frozenset({"value_error", "assertion_error"})
 # Errors whose location ends in a key the caller chose.
@@ -75,7 +77,7 @@ def log_validation_failures(app: FastAPI) -> None:
         _log.warning(
             "request failed validation",
             method=request.method,
-            path=request.scope.get("path", ""),
+            path=bounded_excerpt(request.scope.get("path", ""), _MAX_PATH_CHARS),  # control chars escaped
             error_count=len(errors),
             errors=summarize_validation_errors(errors),
         )
