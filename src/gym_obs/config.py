@@ -74,6 +74,17 @@ class GlobalAIOHTTPAsyncClientConfig(_Strict):
 
 _SERVER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 _REDACTED = "[REDACTED]"  # what the head server serves in place of a secret (telemetry.redaction.REDACTED)
+# A config key naming a secret (the words of gym_obs.failures._details' redaction of failure details): its
+# value is never served by the head server nor echoed in a validation error.
+_SECRET_KEY = re.compile(
+    r"api[_-]?key|apikey|secret|token|passw|passphrase|pwd|auth|credential|cookie|signature|private[_-]?key",
+    re.IGNORECASE,
+)
+
+
+def is_secret_key(key: object) -> bool:
+    """Whether a config key names a secret (``session_secret``, ``api_key``, ``OPENAI_API_KEY``, …)."""
+    return isinstance(key, str) and _SECRET_KEY.search(key) is not None
 _ENTRYPOINT_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"
 
 
@@ -196,6 +207,8 @@ def _format_validation_error(error: ValidationError, source: str) -> str:
         message = str(item["msg"]).removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             message = "unknown key"
+        elif any(is_secret_key(part) for part in item["loc"]):
+            pass  # never echo a secret, not even a malformed one
         elif item["type"] not in ("missing", "value_error", "assertion_error"):
             shown = repr(item.get("input"))
             message += f" (got {shown[:80]})"

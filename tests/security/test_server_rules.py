@@ -7,11 +7,11 @@ import logging
 
 import pytest
 
-from gym_obs.config import parse_global_config
+from gym_obs.config import ConfigError, is_secret_key, parse_global_config
 from gym_obs.failures import NgFailureEvent
 from gym_obs.server._access_log import QueryFreeAccessLog
 from gym_obs.server._failure_reply import reply_status
-from gym_obs.server._served_config import is_secret_key, served_config
+from gym_obs.server._served_config import served_config
 from gym_obs.server._validation_log import summarize_validation_errors
 from gym_obs.server.sessions import SessionSigner
 from tests.security.canary_apps import CANARY
@@ -95,3 +95,13 @@ def test_access_log_lines_lose_query_fragment_and_control_characters() -> None:
     )
     assert QueryFreeAccessLog().filter(record)
     assert record.getMessage() == '127.0.0.1:5000 - "GET /v1/x\\x1b[2J HTTP/1.1" 200'
+
+
+def test_a_malformed_secret_is_not_echoed_in_the_config_error() -> None:
+    short = "kanarie-short"  # too short for a session secret
+    entry = {"entrypoint": "a.b:C", "server_type": "t", "port": 31498, "session_secret": short}
+    with pytest.raises(ConfigError, match=r"servers\.m\.session_secret") as caught:
+        parse_global_config({"servers": {"m": entry}})
+    assert short not in str(caught.value)
+    with pytest.raises(ConfigError, match=r"got 'x'"):  # other keys still show what was given
+        parse_global_config({"servers": {"m": {**entry, "session_secret": None, "port": "x"}}})

@@ -15,25 +15,14 @@ userinfo and query, ``Bearer …``, provider keys).
 
 from __future__ import annotations
 
-import re
 from typing import Any, Final
 
-from gym_obs.config import GlobalConfig
+from gym_obs.config import GlobalConfig, is_secret_key
 from gym_obs.telemetry.redaction import REDACTED, scrub_text
 
-__all__ = ["is_secret_key", "served_config"]
+__all__ = ["served_config"]
 
-# Keep in step with gym_obs.failures._details._SENSITIVE_KEY (the redaction rule for failure details).
-_SECRET_KEY: Final = re.compile(
-    r"api[_-]?key|apikey|secret|token|passw|passphrase|pwd|auth|credential|cookie|signature|private[_-]?key",
-    re.IGNORECASE,
-)
 _MAX_DEPTH: Final = 32
-
-
-def is_secret_key(key: object) -> bool:
-    """Whether a config key names a secret."""
-    return isinstance(key, str) and _SECRET_KEY.search(key) is not None
 
 
 def _is_plain_setting(value: object) -> bool:
