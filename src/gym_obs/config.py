@@ -73,6 +73,18 @@ class GlobalAIOHTTPAsyncClientConfig(_Strict):
 # --- server runtime: head server, server instances, the global config ------------------------------------
 
 _SERVER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+_REDACTED = "[REDACTED]"  # what the head server serves in place of a secret (telemetry.redaction.REDACTED)
+# A config key naming a secret (the words of gym_obs.failures._details' redaction of failure details): its
+# value is never served by the head server nor echoed in a validation error.
+_SECRET_KEY = re.compile(
+    r"api[_-]?key|apikey|secret|token|passw|passphrase|pwd|auth|credential|cookie|signature|private[_-]?key",
+    re.IGNORECASE,
+)
+
+
+def is_secret_key(key: object) -> bool:
+    """Whether a config key names a secret (``session_secret``, ``api_key``, ``OPENAI_API_KEY``, …)."""
+    return isinstance(key, str) and _SECRET_KEY.search(key) is not None
 _ENTRYPOINT_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"
 
 
@@ -124,7 +136,8 @@ class ServerInstanceConfig(BaseModel):
     http_body_max_bytes: int = Field(default=1024 * 1024 * 1024, ge=1024)
     startup_timeout_s: float = Field(default=60.0, gt=0)
     # Sessions: the secret this server's session keys derive from. Unset: a secret generated per
-    # deployment (sessions then end with the server). Served by the head server like every key here.
+    # deployment (sessions then end with the server). Never served by the head server (redacted there, as
+    # every secret-looking key is); launched servers get it from the launcher's environment.
     session_secret: str | None = Field(default=None, min_length=16)
     # CPU profiling for the server's lifetime (extra `profiling`); reports on shutdown and GET /stats.
     profiling_enabled: bool = False
@@ -136,6 +149,12 @@ class ServerInstanceConfig(BaseModel):
     _check_limits = field_validator(
         "http_head_max_bytes", "http_head_timeout_s", "http_body_max_bytes", mode="before"
     )(_no_bool)
+
+    @field_validator("session_secret", mode="before")
+    @classmethod
+    def _redacted_secret_is_unset(cls, value: object) -> object:
+        """A config fetched from the head server has ``[REDACTED]`` here: no secret, not a 10-char one."""
+        return None if value == _REDACTED else value
 
     @field_validator("entrypoint")
     @classmethod
@@ -195,6 +214,8 @@ def _format_validation_error(error: ValidationError, source: str) -> str:
         message = str(item["msg"]).removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             message = "unknown key"
+        elif any(is_secret_key(part) for part in item["loc"]):
+            pass  # never echo a secret, not even a malformed one
         elif item["type"] not in ("missing", "value_error", "assertion_error"):
             shown = repr(item.get("input"))
             message += f" (got {shown[:80]})"

@@ -4,9 +4,11 @@ One pure ASGI middleware per server (inside the SERVER span, so events carry its
 - a fresh ``RequestFailureLog`` is current while the request runs; handlers and the client observe into it;
 - every reply of a request that observed failures carries ``X-NG-Failure-Report`` (success replies too:
   a model attempt that a retry recovered is still reported);
-- an unhandled ``NgFailureEvent`` answers with its ``http_status`` (default 500) and a JSON body holding the
-  report; any other exception becomes an ``internal_error`` event at this server's boundary with the
-  exception as its (foreign) cause; an HTTP error reply from an inner gym call keeps the inner event as cause.
+- an unhandled ``NgFailureEvent`` answers with an error status this hop chooses (:func:`reply_status`:
+  its own ``http_status`` if it is a 4xx/5xx, 500 for a failure another server reported) and a JSON
+  body holding the report; any other exception becomes an ``internal_error`` event at this server's
+  boundary with the exception as its (foreign) cause; an HTTP error reply from an inner gym call keeps the
+  inner event as cause, one without a gym report puts its bounded, scrubbed body in the reason.
 Bodies carry the bounded, scrubbed report only: never a traceback, never the exception's raw text.
 """
 
@@ -33,12 +35,18 @@ from gym_obs.failures.transport import (
     request_failure_log,
 )
 from gym_obs.server._disconnect import DisconnectCancelMiddleware
+from gym_obs.server._instrumentation import restore_after_instrumentation
 from gym_obs.server._report_header import REPORT_HEADER, with_report_header
 from gym_obs.server.sessions import RequestSession, SessionLayer, SessionMiddleware
+from gym_obs.telemetry._state import STATE
+from gym_obs.telemetry.bodies import bounded_excerpt
 
-__all__ = ["FailureReplyMiddleware", "boundary_for_server_type", "failure_for_exception"]
+__all__ = ["FailureReplyMiddleware", "boundary_for_server_type", "failure_for_exception", "reply_status"]
 
 _DEFAULT_STATUS: Final = 500
+_UPSTREAM_BODY_CHARS: Final = 500  # of an upstream's error body in this hop's failure reason
+_MIN_ERROR_STATUS: Final = 400
+_MAX_ERROR_STATUS: Final = 599
 _BOUNDARIES: Final[dict[str, Boundary]] = {
     "responses_api_models": "model",
     "resources_servers": "resources_server",
@@ -68,18 +76,52 @@ def failure_for_exception(error: BaseException, boundary: Boundary) -> NgFailure
         error = error.exceptions[0]  # a task group around one failure (anyio, BaseHTTPMiddleware)
     if isinstance(error, NgFailureEvent):
         return error
-    event = NgFailureEvent(
-        "internal_error",
-        # The message travels once, scrubbed, on the foreign cause record; the reason names the type only.
-        f"unhandled {exception_type_name(error)}",
-        boundary=boundary,
-        http_status=_DEFAULT_STATUS,
-    )
-    inner = _inner_failure(error) if isinstance(error, aiohttp.ClientResponseError) else None
-    if inner is None and isinstance(error, aiohttp.ClientResponseError):
-        inner = find_boundary_failure(error)
+    inner: NgFailureEvent | None = None
+    # The message travels once, scrubbed, on the foreign cause record; the reason names the type only...
+    reason = f"unhandled {exception_type_name(error)}"
+    if isinstance(error, aiohttp.ClientResponseError):
+        inner = _inner_failure(error) or find_boundary_failure(error)
+        if inner is None:
+            # ...except for an upstream's error reply without a gym report: its body is what says what
+            # went wrong (bounded and scrubbed), and the foreign cause only knows the status line.
+            reason += _upstream_reply(error)
+    event = NgFailureEvent("internal_error", reason, boundary=boundary, http_status=_DEFAULT_STATUS)
     event.__cause__ = inner if inner is not None else error
     return event
+
+
+def _upstream_reply(error: aiohttp.ClientResponseError) -> str:
+    """``: upstream replied 500: <bounded, scrubbed body>`` (the body part only when there is one)."""
+    text = f": upstream replied {error.status}"
+    content = getattr(error, "response_content", None)
+    if isinstance(content, bytes | str) and content:
+        text += ": " + bounded_excerpt(content, _UPSTREAM_BODY_CHARS)
+    return text
+
+
+def reply_status(event: NgFailureEvent) -> int:
+    """The status of this hop's failure reply for ``event``: always an error status chosen here.
+
+    A failure raised at this server answers with its own ``http_status`` when that is an error status
+    (4xx/5xx), else 500. A failure another server reported (re-raised by ``raise_boundary_failure``)
+    always answers 500: its ``http_status`` is what that hop answered, kept in the record, and reusing it
+    would let a peer choose this server's reply (``200`` turns a failure into a success, ``204`` leaves a
+    body on the connection, ``401`` makes the caller re-authenticate).
+    """
+    if _is_remote(event):
+        return _DEFAULT_STATUS
+    status = event.http_status
+    if status is None or not _MIN_ERROR_STATUS <= status <= _MAX_ERROR_STATUS:
+        return _DEFAULT_STATUS
+    return status
+
+
+def _is_remote(event: NgFailureEvent) -> bool:
+    """Whether ``event`` was rebuilt from another server's report (not raised in this process)."""
+    if event.http_error is not None:  # set by raise_boundary_failure on the events it rebuilds
+        return True
+    origin = event.server_name
+    return origin is not None and STATE.server_name is not None and origin != STATE.server_name
 
 
 class _Reply:
@@ -134,6 +176,7 @@ class FailureReplyMiddleware:
             self._websocket_app = SessionMiddleware.from_layer(app, sessions)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        restore_after_instrumentation(scope)  # the query the path middleware hid from the SERVER span
         if scope["type"] != "http":
             if scope["type"] == "websocket":
                 await self._websocket_app(scope, receive, send)
@@ -208,11 +251,13 @@ class FailureReplyMiddleware:
         event = failure_for_exception(error, self.boundary)
         observe_failure(event)
         report = log.report(final=event)
-        status = event.http_status or _DEFAULT_STATUS
+        status = reply_status(event)
         if event is error:
             _log.warning("replying with failure %s (%s)", event.event_id, event)
         else:
-            _log.error("unhandled exception; replying with failure %s", event.event_id, exc_info=error)
+            _log.error(
+                "unhandled exception; replying with failure %s (%s)", event.event_id, event, exc_info=error
+            )
         payload: dict[str, Any] = {"detail": str(event)}
         headers = [(b"content-type", b"application/json")]
         if report is not None:

@@ -21,9 +21,11 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp
 
+from gym_obs.client.http_client import close_global_aiohttp_client, is_global_aiohttp_client_setup
 from gym_obs.client.server_client import ServerClient, global_config_from_environment
 from gym_obs.config import GlobalConfig, ServerInstanceConfig
 from gym_obs.failures.kinds import Boundary
+from gym_obs.server._access_log import install_query_free_access_log
 from gym_obs.server._disconnect import DEFAULT_WATCH_DELAY_S
 from gym_obs.server._failure_reply import FailureReplyMiddleware, boundary_for_server_type
 from gym_obs.server._instrumentation import HEALTH_ROUTES, instrument_app_for_telemetry
@@ -33,6 +35,7 @@ from gym_obs.server._session_routing import (
     owner_routing_dir,
     worker_routing_environment,
 )
+from gym_obs.server._validation_log import log_validation_failures
 from gym_obs.server.middleware import PathContextMiddleware
 from gym_obs.server.model_calls import install_model_calls
 from gym_obs.server.ops import profiler_for, set_ulimit
@@ -200,14 +203,20 @@ class SimpleServer(BaseServer, abc.ABC):
 
         @contextlib.asynccontextmanager
         async def lifespan(lifespan_app: Any) -> AsyncIterator[Any]:
-            async with inner(lifespan_app) as state:
-                self._started = True
-                try:
-                    yield state
-                finally:
-                    self._started = False
-                    if self.telemetry is not None and self.telemetry.enabled:
-                        self.telemetry.force_flush(_FLUSH_TIMEOUT_S)
+            try:
+                async with inner(lifespan_app) as state:
+                    self._started = True
+                    try:
+                        yield state
+                    finally:
+                        self._started = False
+            finally:
+                # After the app's own shutdown (it may still call other servers): the process-wide client
+                # sessions of this loop are closed on this loop, as aiohttp requires; left open, every stop
+                # logs "Unclosed client session" and leaks their connections.
+                await _close_client_sessions()
+                if self.telemetry is not None and self.telemetry.enabled:
+                    self.telemetry.force_flush(_FLUSH_TIMEOUT_S)
 
         app.router.lifespan_context = lifespan
 
@@ -222,6 +231,8 @@ class SimpleServer(BaseServer, abc.ABC):
         if not isinstance(app, FastAPI):
             raise TypeError(f"{type(self).__name__}.setup_webserver() must return a FastAPI app, got {app!r}")
         disable_native_telemetry(app)
+        install_query_free_access_log()
+        log_validation_failures(app)
         self._add_liveness_routes(app)
         profiler = profiler_for(self.server_name, self.config, where=self.where)
         if profiler is not None:
@@ -247,7 +258,7 @@ class SimpleServer(BaseServer, abc.ABC):
         )
         instrument_app_for_telemetry(app)
         # Owner routing, when on, is outermost: a forwarded request runs no telemetry where it arrived.
-        return wrap(PathContextMiddleware(app))
+        return wrap(PathContextMiddleware(app, hide_query=True))
 
     def run_webserver(self) -> None:
         """Serve under uvicorn as configured in the global config until SIGINT/SIGTERM, then flush telemetry.
@@ -301,6 +312,15 @@ class SimpleServer(BaseServer, abc.ABC):
         )
         with routing:
             serve_uvicorn(config, sock, on_exit=on_exit)
+
+
+async def _close_client_sessions() -> None:
+    try:
+        if is_global_aiohttp_client_setup():
+            await close_global_aiohttp_client()
+            _log.info("client sessions closed")
+    except Exception:
+        _log.warning("closing the client sessions failed", exc_info=True)
 
 
 def _unwrapped(app: ASGIApp) -> ASGIApp:

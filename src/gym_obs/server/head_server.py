@@ -4,8 +4,10 @@ Processes find each other through it (``ServerClient.load_from_global_config``),
 YAML, and ``/readyz`` answers 200 only once every configured server answers its own ``/readyz``, so a
 harness has a single place to wait on. It is control plane only: no tracing, no failure reports.
 
-The global config is served as-is, secrets in server-specific keys included (servers need their own keys),
-so the head server binds to loopback unless configured otherwise.
+The global config is served without its secrets (``_served_config``: ``session_secret`` and every
+secret-looking key become ``[REDACTED]``); launched servers get theirs from the launcher through their
+environment, never from here. The head server still binds to loopback unless configured otherwise: the
+served config maps the whole deployment.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from gym_obs.client._addresses import server_base_url
 from gym_obs.config import GlobalConfig, ServerInstanceConfig, TelemetryConfig
+from gym_obs.server._access_log import install_query_free_access_log
 from gym_obs.server._native_telemetry import disable_native_telemetry
+from gym_obs.server._served_config import served_config
 from gym_obs.server.uvicorn import bind_listen_socket, build_uvicorn_config, serve_uvicorn
 from gym_obs.telemetry.setup import setup_telemetry
 
@@ -131,7 +135,8 @@ class HeadServer:
     def build_app(self) -> FastAPI:
         app = FastAPI(title="gym_obs head server", lifespan=self._lifespan, docs_url=None, redoc_url=None)
         disable_native_telemetry(app)
-        config_json = self.config.model_dump(mode="json")
+        install_query_free_access_log()
+        config_json = served_config(self.config)
         config_yaml = yaml.safe_dump(config_json, sort_keys=False)
 
         @app.get("/global_config")

@@ -11,7 +11,9 @@ Order, outermost first, as ``SimpleServer.build_app`` assembles it::
 
 The path middleware must run before the instrumentation extracts the trace context (it turns the
 ``/ng-trace/<traceparent>`` segment into a header) and before routing (the span gets the route template,
-not a path with ids). The failure middleware runs inside the span so events carry its ids.
+not a path with ids). The failure middleware runs inside the span so events carry its ids. Between the two,
+the instrumentation sees the request without its query string (see ``_instrumentation``): the path
+middleware hides it, the failure middleware gives it back to the handlers.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gym_obs.server._disconnect import DisconnectCancelMiddleware
 from gym_obs.server._failure_reply import FailureReplyMiddleware, boundary_for_server_type
+from gym_obs.server._instrumentation import hide_from_instrumentation
 from gym_obs.server._native_telemetry import NATIVE_TELEMETRY_SCOPE_KEY
 from gym_obs.telemetry import names
 from gym_obs.telemetry._state import STATE
@@ -62,10 +65,15 @@ class PathContextMiddleware:
     the segment is stripped even when traces are off.
     The rollout id comes from the path prefix, else from the ``X-NG-Rollout-Id`` header. Also marks the
     request as excluded from FastAPI's built-in telemetry (see ``_native_telemetry``).
+
+    ``hide_query``: with telemetry on, hide the query string (and a secret-looking User-Agent) from the
+    SERVER-span instrumentation inside; only for stacks where :class:`FailureReplyMiddleware` runs inside the
+    instrumentation and gives them back (``SimpleServer`` builds exactly that).
     """
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, *, hide_query: bool = False) -> None:
         self.app = app
+        self.hide_query = hide_query
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -76,6 +84,8 @@ class PathContextMiddleware:
         rollout_id: str | None = None
         if _SEGMENT_MARK in scope["path"]:
             rollout_id = self._strip(scope)
+        if self.hide_query and STATE.enabled:
+            hide_from_instrumentation(scope)
         if rollout_id is None:
             rollout_id = _header_rollout_id(scope["headers"])
             if rollout_id is None:

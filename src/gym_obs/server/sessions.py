@@ -133,13 +133,17 @@ class SessionSigner:
         payload = f"{session_id}.{int(time.time()) if issued is None else issued:x}"
         return f"{payload}.{self._mac(payload)}"
 
-    def verify(self, token: str, max_age_s: float | None = None) -> str | None:
-        """The session id of a valid, unexpired token, else ``None`` (never raises)."""
-        if not token or len(token) > _MAX_TOKEN_CHARS:
+    def verify(self, token: object, max_age_s: float | None = None) -> str | None:
+        """The session id of a valid, unexpired token, else ``None`` (never raises).
+
+        Anything a caller can send is an invalid token, not an error: non-ASCII text (a header decoded as
+        latin-1, a cookie with UTF-8 in it), control characters, a non-string.
+        """
+        if not isinstance(token, str) or not token or len(token) > _MAX_TOKEN_CHARS or not token.isascii():
             return None
         payload, _, mac = token.rpartition(".")
         session_id, _, issued_hex = payload.rpartition(".")
-        if not session_id or not hmac.compare_digest(mac, self._mac(payload)):
+        if not session_id or not hmac.compare_digest(mac.encode(), self._mac(payload).encode()):
             return None
         if max_age_s is not None:
             try:
