@@ -9,6 +9,8 @@ import threading
 import time
 from typing import Any
 
+import pytest
+
 from gym_obs.telemetry import names, resources
 from gym_obs.telemetry.testing import Capture, MetricPoint, capture_telemetry
 
@@ -122,3 +124,23 @@ def test_gpu_gauges_absent_without_nvidia_smi(telemetry: Capture) -> None:
     metrics = telemetry.metric_names()
     assert names.METRIC_GPU_UTILIZATION not in metrics
     assert names.METRIC_GPU_MEMORY_USAGE not in metrics
+
+
+@pytest.mark.parametrize(
+    ("explicit", "env", "expected"),
+    [
+        (None, {}, False),
+        (None, {names.ENV_PROCESS_GAUGES: "1"}, True),
+        (None, {names.ENV_PROCESS_GAUGES: " On "}, True),
+        (None, {names.ENV_PROCESS_GAUGES: "0"}, False),
+        (False, {names.ENV_PROCESS_GAUGES: "1"}, False),  # explicit config beats the environment
+        (True, {}, True),
+    ],
+)
+def test_opt_in_switch(explicit: bool | None, env: dict[str, str], expected: bool) -> None:
+    assert resources.process_gauges_requested(explicit, env) is expected
+
+
+def test_opt_in_switch_rejects_junk(caplog: pytest.LogCaptureFixture) -> None:
+    assert resources.process_gauges_requested(None, {names.ENV_PROCESS_GAUGES: "maybe"}) is False
+    assert names.ENV_PROCESS_GAUGES in caplog.text

@@ -164,6 +164,8 @@ FAILURE_REPORT_BODY_KEY: Final = "ng_failure_report"
 # TimedSemaphore (client/concurrency.py): the site is a code-chosen label, validated against this pattern.
 ATTR_CONCURRENCY_SITE: Final = "gym.concurrency.site"
 CONCURRENCY_SITE_PATTERN: Final = r"[a-z][a-z0-9_.\-]{0,47}"
+CONCURRENCY_SITE_HARNESS_ROLLOUTS: Final = "harness.rollouts"  # the harness's in-flight rollout limit
+CONCURRENCY_SITE_AGENT_ROLLOUTS: Final = "agent.rollouts"  # an agent server's in-flight rollout limit
 METRIC_CONCURRENCY_WAIT_DURATION: Final = "gym.concurrency.wait.duration"
 METRIC_CONCURRENCY_ACTIVE: Final = "gym.concurrency.active"
 METRIC_CONCURRENCY_LIMIT: Final = "gym.concurrency.limit"
@@ -174,6 +176,7 @@ CONCURRENCY_WAIT_BUCKETS_S: Final = (
     0.0001, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 )
 # Process gauges (telemetry/resources.py); OS process semantic conventions (v1.2x+) where one exists.
+ENV_PROCESS_GAUGES: Final = "GYM_OBS_PROCESS_GAUGES"  # opt-in switch (1/0); explicit config beats it
 ATTR_MEMORY_TYPE: Final = "memory.type"
 MEMORY_TYPE_RSS: Final = "rss"
 MEMORY_TYPE_PSS: Final = "pss"

@@ -24,15 +24,16 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Final
 
 from opentelemetry.metrics import CallbackOptions, Histogram, Meter, Observation
 
 from gym_obs.telemetry import names
+from gym_obs.telemetry._env import _FALSE, _TRUE
 from gym_obs.telemetry._state import STATE
 
-__all__ = ["start_process_gauges", "stop_process_gauges"]
+__all__ = ["process_gauges_requested", "start_process_gauges", "stop_process_gauges"]
 
 LOGGER: Final = logging.getLogger("gym_obs.telemetry")
 _PROC: Final = "/proc/self"
@@ -311,6 +312,22 @@ class _LagSampler:
 _LOCK: Final = threading.Lock()
 _GAUGES: dict[int, _ProcessGauges] = {}  # keyed by id(meter); _ProcessGauges.meter keeps it alive
 _LAG: dict[int, _LagSampler] = {}  # keyed by id(loop)
+
+
+def process_gauges_requested(explicit: bool | None = None, env: Mapping[str, str] | None = None) -> bool:
+    """Whether this process should report its gauges: ``explicit`` (config) beats ``GYM_OBS_PROCESS_GAUGES``,
+    which beats the default (off). A value that is not a boolean is logged and counts as off."""
+    if explicit is not None:
+        return explicit
+    raw = (os.environ if env is None else env).get(names.ENV_PROCESS_GAUGES, "")
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value not in _FALSE:
+        LOGGER.warning(
+            "%s=%r is not a boolean (use 1 or 0); process gauges stay off", names.ENV_PROCESS_GAUGES, raw[:40]
+        )
+    return False
 
 
 def start_process_gauges(*, lag_interval_s: float = 0.5, gpu: bool = True) -> bool:
