@@ -1,6 +1,7 @@
 """Property test of TimedSemaphore on a real event loop: random interleavings of acquire, cancel and release.
 
-Invariants: never more holders than the limit; admissions happen in arrival order (strict FIFO); and
+Invariants: never more holders than the limit; tasks that had to queue are admitted in arrival order
+(strict FIFO; ``locked()`` is true whenever anyone is queued, so no newcomer can pass a waiter); and
 permits are conserved: once every holder has released and every task has ended, all permits are free
 again and ``limit`` immediate acquisitions succeed. A lost permit would leave the final waiters hanging
 (caught by the drain guard); a duplicated one would break the holder bound or make ``release`` raise.
@@ -11,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gym_obs.client.concurrency import TimedSemaphore
@@ -33,12 +34,15 @@ class _World:
     events: list[asyncio.Event] = field(default_factory=list)
     arrivals: list[int] = field(default_factory=list)
     admissions: list[int] = field(default_factory=list)
+    queued: set[int] = field(default_factory=set)  # arrived while the semaphore was locked
     inside: int = 0
     main_held: int = 0
     peak: int = 0
 
     async def _worker(self, index: int, done: asyncio.Event) -> None:
         self.arrivals.append(index)
+        if self.sem.locked():
+            self.queued.add(index)
         async with self.sem:
             self.admissions.append(index)
             self.inside += 1
@@ -92,7 +96,11 @@ async def _run(limit: int, ops: list[tuple[str, int]]) -> None:
     await asyncio.wait_for(asyncio.gather(*world.tasks, return_exceptions=True), timeout=10)
 
     assert world.peak <= limit
-    assert world.admissions == sorted(world.admissions), "admitted out of arrival order"
+    # Strict FIFO among those who had to wait. A task arriving when ``locked()`` is false (a permit free
+    # and nobody queued) may be admitted at once, even before an earlier waiter that was already *handed*
+    # its permit resumes: that waiter got its permit first, it just has not run yet.
+    waited = [i for i in world.admissions if i in world.queued]
+    assert waited == sorted(waited), "admitted out of arrival order"
     assert world.arrivals == sorted(world.arrivals)
     assert (sem.active, sem.waiting, sem.locked()) == (0, 0, False)
     for _ in range(limit):
@@ -101,7 +109,7 @@ async def _run(limit: int, ops: list[tuple[str, int]]) -> None:
     assert sem.locked()
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(limit=st.integers(1, 4), ops=st.lists(_OPS, max_size=60))
 def test_random_interleavings_conserve_permits_in_fifo_order(limit: int, ops: list[tuple[str, int]]) -> None:
     asyncio.run(_run(limit, ops))
