@@ -54,11 +54,9 @@ def test_exported_series_and_labels() -> None:
     for name, unit, kind in SPECS:
         for suffix in _SUFFIXES[kind]:
             assert prometheus_metric_name(name, unit, kind) + suffix in exported, (name, suffix)
-    by_name = {s.name: s for s in samples}
-    active = by_name[
-        prometheus_metric_name(names.METRIC_CONCURRENCY_ACTIVE, names.UNIT_PERMIT, "updowncounter")
-    ]
-    assert active.labels[prometheus_label(names.ATTR_CONCURRENCY_SITE)] == "prom.test"
+    active_name = prometheus_metric_name(names.METRIC_CONCURRENCY_ACTIVE, names.UNIT_PERMIT, "updowncounter")
+    site_label = prometheus_label(names.ATTR_CONCURRENCY_SITE)
+    (active,) = [s for s in samples if s.name == active_name and s.labels.get(site_label) == "prom.test"]
     assert active.value == 1
     memory_types = {
         s.labels.get(prometheus_label(names.ATTR_MEMORY_TYPE))

@@ -35,6 +35,7 @@ _perf_counter = time.perf_counter
 
 # Every live semaphore, read by the observable gauges' callbacks (at export time, off the request path).
 _LIVE: weakref.WeakSet[TimedSemaphore] = weakref.WeakSet()
+_LIVE_LOCK: Final = threading.Lock()
 
 
 class _Instruments:
@@ -88,7 +89,9 @@ def _instruments_for(meter: Meter) -> _Instruments:
 
 def _by_site(value_of: str) -> Iterable[Observation]:
     totals: dict[str, int] = {}
-    for sem in list(_LIVE):
+    with _LIVE_LOCK:  # the reader's thread iterates while the loop's thread may add a semaphore
+        live = list(_LIVE)
+    for sem in live:
         totals[sem.site] = totals.get(sem.site, 0) + getattr(sem, value_of)
     return [Observation(total, {names.ATTR_CONCURRENCY_SITE: site}) for site, total in totals.items()]
 
@@ -134,7 +137,8 @@ class TimedSemaphore:
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._attrs = {names.ATTR_CONCURRENCY_SITE: self._site}
         self._inst: _Instruments | None = None
-        _LIVE.add(self)
+        with _LIVE_LOCK:
+            _LIVE.add(self)
         if STATE.enabled:
             self._instruments()
 
