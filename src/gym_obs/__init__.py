@@ -16,6 +16,7 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree wi
     __version__ = "0.0.0"
 
 if TYPE_CHECKING:
+    from gym_obs.client.concurrency import TimedSemaphore
     from gym_obs.client.http_client import (
         format_exception_with_response_body,
         get_response_json,
@@ -43,6 +44,7 @@ _EXPORTS: dict[str, str] = {
     "NgFailureEvent": "gym_obs.failures",
     "ServerClient": "gym_obs.client.server_client",
     "SimpleServer": "gym_obs.server",
+    "TimedSemaphore": "gym_obs.client.concurrency",
     "configure_logging": "gym_obs.telemetry.logging",
     "current_rollout_id": "gym_obs.telemetry.propagation",
     "failure_report_for": "gym_obs.failures",
@@ -66,6 +68,7 @@ __all__ = [
     "NgFailureEvent",
     "ServerClient",
     "SimpleServer",
+    "TimedSemaphore",
     "__version__",
     "configure_logging",
     "current_rollout_id",

@@ -265,6 +265,8 @@ def run_harness(options: HarnessOptions, console: Console | None = None) -> dict
             f"--out {options.out}: cannot write the run's output there ({exc.strerror or exc})"
         ) from None
     handle = setup_telemetry(DRIVER_NAME, DRIVER_NAME, config=layout.driver_telemetry)
+    if options.telemetry:  # process gauges are on in the harness: every launched server inherits the switch
+        os.environ.setdefault(names.ENV_PROCESS_GAUGES, "1")
     for warning in plan_warnings(options.fault_plan) if options.fault_plan else ():
         err_console.print(f"[yellow]warning[/] {warning}", markup=True, highlight=False)
     err_console.print(

@@ -56,6 +56,7 @@ from gym_obs.server.uvicorn import (
 )
 from gym_obs.telemetry import names
 from gym_obs.telemetry.logging import configure_logging, get_logger
+from gym_obs.telemetry.resources import process_gauges_requested, start_process_gauges
 from gym_obs.telemetry.setup import TelemetryHandle, setup_telemetry, shutdown_telemetry
 
 __all__ = ["BaseServer", "SimpleServer", "import_server_class", "load_server"]
@@ -205,6 +206,8 @@ class SimpleServer(BaseServer, abc.ABC):
         async def lifespan(lifespan_app: Any) -> AsyncIterator[Any]:
             try:
                 async with inner(lifespan_app) as state:
+                    if self.telemetry is not None and self.telemetry.enabled and process_gauges_requested():
+                        start_process_gauges()  # idempotent, never raises; sampled off the request path
                     self._started = True
                     try:
                         yield state

@@ -273,3 +273,48 @@ GEN_AI_HISTOGRAM_BUCKETS: Final = {
     METRIC_GEN_AI_SERVER_TIME_TO_FIRST_TOKEN: GEN_AI_TTFT_BUCKETS_S,
     METRIC_GEN_AI_SERVER_TOKEN_USAGE: GEN_AI_TOKEN_BUCKETS,
 }
+
+# --- Admission concurrency and process resources (issue 16) ----------------------------------------------
+# TimedSemaphore (client/concurrency.py): the site is a code-chosen label, validated against this pattern.
+ATTR_CONCURRENCY_SITE: Final = "gym.concurrency.site"
+CONCURRENCY_SITE_PATTERN: Final = r"[a-z][a-z0-9_.\-]{0,47}"
+CONCURRENCY_SITE_HARNESS_ROLLOUTS: Final = "harness.rollouts"  # the harness's in-flight rollout limit
+CONCURRENCY_SITE_AGENT_ROLLOUTS: Final = "agent.rollouts"  # an agent server's in-flight rollout limit
+METRIC_CONCURRENCY_WAIT_DURATION: Final = "gym.concurrency.wait.duration"
+METRIC_CONCURRENCY_ACTIVE: Final = "gym.concurrency.active"
+METRIC_CONCURRENCY_LIMIT: Final = "gym.concurrency.limit"
+METRIC_CONCURRENCY_CANCELLED_WAITS: Final = "gym.concurrency.wait.cancelled"
+UNIT_PERMIT: Final = "{permit}"
+UNIT_WAIT: Final = "{wait}"
+CONCURRENCY_WAIT_BUCKETS_S: Final = (
+    0.0001, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+)
+# Process gauges (telemetry/resources.py); OS process semantic conventions (v1.2x+) where one exists.
+ENV_PROCESS_GAUGES: Final = "GYM_OBS_PROCESS_GAUGES"  # opt-in switch (1/0); explicit config beats it
+ATTR_MEMORY_TYPE: Final = "memory.type"
+MEMORY_TYPE_RSS: Final = "rss"
+MEMORY_TYPE_PSS: Final = "pss"
+ATTR_CPU_MODE: Final = "cpu.mode"
+CPU_MODE_USER: Final = "user"
+CPU_MODE_SYSTEM: Final = "system"
+ATTR_HW_ID: Final = "hw.id"  # GPU index as "gpu<N>": bounded by the devices on the host
+METRIC_PROCESS_MEMORY_USAGE: Final = "process.memory.usage"
+METRIC_PROCESS_CPU_UTILIZATION: Final = "process.cpu.utilization"
+METRIC_PROCESS_FILE_DESCRIPTORS: Final = "process.unix.file_descriptor.count"
+METRIC_PROCESS_THREADS: Final = "process.thread.count"
+METRIC_EVENT_LOOP_LAG: Final = "gym.process.event_loop.lag"
+METRIC_GPU_UTILIZATION: Final = "hw.gpu.utilization"
+METRIC_GPU_MEMORY_USAGE: Final = "hw.gpu.memory.usage"
+UNIT_BYTES: Final = "By"
+UNIT_RATIO: Final = "1"
+UNIT_FILE_DESCRIPTOR: Final = "{file_descriptor}"
+UNIT_THREAD: Final = "{thread}"
+EVENT_LOOP_LAG_BUCKETS_S: Final = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)
+HISTOGRAM_BUCKETS_S.update(
+    {
+        METRIC_CONCURRENCY_WAIT_DURATION: CONCURRENCY_WAIT_BUCKETS_S,
+        METRIC_EVENT_LOOP_LAG: EVENT_LOOP_LAG_BUCKETS_S,
+    }
+)

@@ -19,10 +19,12 @@ import aiohttp
 from fastapi import FastAPI, Request
 from pydantic import Field
 
+from gym_obs import TimedSemaphore
 from gym_obs.client.http_client import observe_transport_failures, raise_boundary_failure
 from gym_obs.failures.kinds import Boundary, Stage
 from gym_obs.harness.fault_middleware import raise_injected_fault
 from gym_obs.harness.servers._common import HarnessServer, OwnConfig, failure_for_call
+from gym_obs.telemetry import names
 from gym_obs.telemetry.propagation import current_rollout_id
 
 __all__ = ["AgentServer", "AgentSettings"]
@@ -40,6 +42,7 @@ class AgentSettings(OwnConfig):
     fanout_every: int = Field(default=2, ge=1, description="every Nth turn fans out (turn 2, 4, ...)")
     request_timeout_s: float = Field(default=10.0, gt=0)
     max_tries: int = Field(default=4, ge=1, le=20)
+    max_inflight_rollouts: int = Field(default=64, ge=1, le=100_000)
 
 
 class AgentServer(HarnessServer):
@@ -54,12 +57,14 @@ class AgentServer(HarnessServer):
         settings = self.settings
         assert isinstance(settings, AgentSettings)
         self._model_cycle = itertools.cycle(settings.models)
+        admission = TimedSemaphore(settings.max_inflight_rollouts, site=names.CONCURRENCY_SITE_AGENT_ROLLOUTS)
         app = self.new_app()
 
         @app.post(RUN_ROUTE)
         async def run(request: Request) -> dict[str, Any]:
             body = await request.json()
-            return await self.run_rollout(body if isinstance(body, dict) else {})
+            async with admission:  # queueing before HTTP shows as gym.concurrency.wait.duration
+                return await self.run_rollout(body if isinstance(body, dict) else {})
 
         return app
 
