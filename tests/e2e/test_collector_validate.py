@@ -27,17 +27,21 @@ def test_shipped_config_validates(config_name: str) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
 
 
-def test_the_test_overrides_of_the_agent_validate() -> None:
+def test_the_fleet_tests_static_resolver_override_validates() -> None:
     """The fleet test swaps the DNS resolver for a static list with ``--set``; that must decode too."""
-    static = {"static": {"hostnames": ["127.0.0.1:30101", "127.0.0.1:30102"]}}
-    result = validate(
-        COLLECTOR_DIR / "agent.yaml",
-        {"exporters::loadbalancing::resolver": static, "exporters::loadbalancing/metrics::resolver": static},
-    )
-    # --set merges into the file, so the DNS resolver would still be there next to the static one: the
-    # loadbalancing exporter accepts exactly one resolver, and says so.
-    assert result.returncode != 0
-    assert "resolver" in result.stderr
+    static = {"hostnames": ["127.0.0.2:30121", "127.0.0.3:30121"]}
+    both = {
+        f"exporters::{name}::resolver::static": static for name in ("loadbalancing", "loadbalancing/metrics")
+    }
+    # --set merges into the file, so the shipped DNS resolver is still there beside the static one: the
+    # loadbalancing exporter accepts exactly one resolver.
+    assert validate(COLLECTOR_DIR / "agent.yaml", both).returncode != 0
+    off = {
+        f"exporters::{name}::resolver::dns::enabled": False
+        for name in ("loadbalancing", "loadbalancing/metrics")
+    }
+    result = validate(COLLECTOR_DIR / "agent.yaml", {**both, **off})
+    assert result.returncode == 0, result.stderr[-3000:]
 
 
 def _broken(tmp_path: Path, config_name: str, change: Any) -> Path:

@@ -337,7 +337,11 @@ def test_manifest_keeps_every_collector_module_at_one_release() -> None:
         for entry in manifest.get(section, []):
             module, version = entry["gomod"].split()
             versions[module] = version
-    core = {v for m, v in versions.items() if m.startswith("go.opentelemetry.io/collector/") and v.startswith("v0.")}
+    core = {
+        v
+        for m, v in versions.items()
+        if m.startswith("go.opentelemetry.io/collector/") and v.startswith("v0.")
+    }
     contrib = {v for m, v in versions.items() if "opentelemetry-collector-contrib" in m}
     stable = {v for m, v in versions.items() if v.startswith("v1.")}
     assert core == contrib == {f"v{release}"}
