@@ -32,7 +32,7 @@ start=$(date +%s)
     go mod init gym-obs/jaeger-tool >/dev/null 2>&1
     go get -tool "github.com/jaegertracing/jaeger/cmd/jaeger@$JAEGER_RELEASE" >&2
     mkdir -p out
-    go build -trimpath -ldflags="-s -w" -o out/jaeger github.com/jaegertracing/jaeger/cmd/jaeger >&2
+    go build -ldflags="-s -w" -o out/jaeger github.com/jaegertracing/jaeger/cmd/jaeger >&2
 )
 rm -rf "$cache" && mv "$work/out" "$cache"
 echo "build-jaeger: built in $(( $(date +%s) - start )) s, $(du -h "$binary" | cut -f1)" >&2
