@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -68,6 +69,9 @@ OK_RATIO_TOLERANCE = (0.03, 0.20)
 FAULTS = [
     {"server": "resources", "route": "/verify", "rate": 0.3, "action": "raise", "exception": "KeyError"}
 ]
+# After the kill the name drops the dead gateway; the agents re-resolve every 1 s (--set) and Go re-reads
+# /etc/hosts at most every 5 s: 7 s bounds the time the agents still route to the dead gateway.
+REROUTE_S = 7
 RESOLVER_KEYS = ("exporters::loadbalancing::resolver", "exporters::loadbalancing/metrics::resolver")
 
 
@@ -159,6 +163,16 @@ def collector_counter(port: int, name: str) -> float:
         for line in body.decode().splitlines()
         if line.startswith(name) and line[len(name)] in "{ "
     )
+
+
+def dropped_in_log(process: Process) -> int:
+    """Items a collector said it dropped (``Exporting failed. Dropping data.`` with ``dropped_items``)."""
+    total = 0
+    for line in process.log.read_text(errors="replace").splitlines():
+        if "Dropping data" in line:
+            match = re.search(r'"dropped_items": (\d+)', line)
+            total += int(match.group(1)) if match else 0
+    return total
 
 
 # --- harness runs -------------------------------------------------------------------------------------------
@@ -287,12 +301,12 @@ def run_fleet(tmp_path: Path, report: dict[str, Any]) -> None:
                 "run2",
                 0,
                 HARNESS_PORT_BASES[2],
-                ("--rollouts=240", "--concurrency=8", "--seed=12", "--model-latency-ms=40"),
+                ("--rollouts=400", "--concurrency=4", "--seed=12", "--model-latency-ms=40"),
             )
             rollouts = tmp_path / "run2" / "rollouts.jsonl"
             wait_until(
-                "a third of the rollouts before the kill",
-                lambda: rollouts.exists() and len(rollouts.read_text().splitlines()) >= 80,
+                "60 rollouts before the kill",
+                lambda: rollouts.exists() and len(rollouts.read_text().splitlines()) >= 60,
                 90,
                 watch=[agent0, *gateways],
             )
@@ -305,7 +319,8 @@ def run_fleet(tmp_path: Path, report: dict[str, Any]) -> None:
             survivor = settle(jaegers[:1], rows).stores[0]  # only the survivor's store can still change
             outcome = Outcome(rows, (survivor, kept(jaegers[1]) & {row["trace_id"] for row in rows}))
             refused = collector_counter(AGENT_PORTS[0][3], "otelcol_receiver_refused_spans") - refused_before
-            check_part_two(outcome, jaegers, rows, killed_at, refused, report, agent0)
+            dropped = dropped_in_log(agent0)
+            check_part_two(outcome, jaegers, rows, killed_at, refused, dropped, report, agent0)
         assert gateways[0].alive()
 
 
@@ -373,37 +388,46 @@ def check_remote_write(api: PrometheusAPI, rows: list[dict[str, Any]], report: d
     }
 
 
+def _classify(trace_id: str, jaegers: Sequence[Jaeger], stores: Sequence[set[str]]) -> str:
+    """Where a failed rollout's trace ended up: whole or partial at the survivor or dead gateway, or lost."""
+    for index, where in enumerate(("survivor", "dead_gateway")):
+        if trace_id in stores[index]:
+            whole = not trace_problems(jaegers[index].trace(trace_id) or [], SERVICES)
+            return f"{'whole' if whole else 'partial'}_at_{where}"
+    return "lost"
+
+
 def check_part_two(
     outcome: Outcome,
     jaegers: Sequence[Jaeger],
     rows: list[dict[str, Any]],
     killed_at: float,
     refused: float,
+    dropped: float,
     report: dict[str, Any],
     agent: Process,
 ) -> None:
     assert agent.alive()
     assert refused == 0, f"the agent refused {refused} spans after the gateway died"
-    survivor, dead = outcome.stores
-    started_after = {row["trace_id"] for row in rows if row["started_at"] > killed_at + 3}  # resolver: 1 s
-    assert started_after, "the run ended too soon after the kill"
-    after_failed = started_after & outcome.failed
-    assert after_failed <= survivor, f"{len(after_failed - survivor)} failed traces lost after re-resolving"
-    for trace_id in sorted(after_failed)[:5]:
-        assert trace_problems(jaegers[0].trace(trace_id) or [], SERVICES) == []
-    lost_failed = outcome.failed - survivor - dead
-    lost_rows = [row for row in rows if row["trace_id"] in lost_failed]
-    assert all(row["started_at"] <= killed_at + 3 for row in lost_rows), (
-        "lost traces must predate re-resolving"
-    )
+    started = {row["trace_id"]: row["started_at"] for row in rows}
+    places = {trace_id: _classify(trace_id, jaegers, outcome.stores) for trace_id in outcome.failed}
+    after = {t for t in outcome.failed if started[t] > killed_at + REROUTE_S}
+    assert len(after) >= 20, "the run ended too soon after the kill"
+    assert {places[t] for t in after} == {"whole_at_survivor"}, "a trace begun after re-resolving was hurt"
+    hurt = {
+        t for t, place in places.items() if place != "whole_at_survivor" and place != "whole_at_dead_gateway"
+    }
+    assert all(started[t] <= killed_at + REROUTE_S for t in hurt), "only traces in flight may be hurt"
+    assert not hurt or dropped > 0, "spans were lost without the agent saying so"
+    counts = {place: sum(1 for p in places.values() if p == place) for place in sorted(set(places.values()))}
     report["part2_gateway_killed"] = {
         "rollouts": len(rows),
         "failed": len(outcome.failed),
-        "failed_kept_by_survivor": len(outcome.failed & survivor),
-        "failed_kept_by_dead_gateway_before_kill": len(outcome.failed & dead),
-        "failed_lost": len(lost_failed),
-        "failed_lost_share": round(len(lost_failed) / len(outcome.failed), 4),
-        "failed_started_after_kill_plus_3s": len(after_failed),
-        "of_those_lost": 0,
+        "failed_by_place": counts,
+        "failed_hurt_share": round(len(hurt) / len(outcome.failed), 4),
+        "failed_started_after_kill_plus_reroute": len(after),
+        "of_those_whole_at_survivor": len(after),
+        "reroute_window_s": REROUTE_S,
         "spans_refused_by_agent": refused,
+        "spans_dropped_by_agent_log": dropped,
     }
