@@ -7,8 +7,8 @@ observable; both remote-write metrics to one Prometheus (``--web.enable-remote-w
 
 Part 1 (a static resolver list, as a test can give one): two harness runs, one per agent, at the same time.
 Every trace arrives whole on exactly one gateway; every trace with an error span is kept; OK traces are
-kept at the configured rate (10 %, accepted between 3 % and 20 %: a binomial of ~200 traces stays in it
-with probability > 0.999); remote-written metrics reach Prometheus with ``job`` = ``service.name``, once.
+kept at the configured rate (10 %, accepted between 3 % and 20 %: a binomial of 160 traces stays in it
+with probability > 0.99); remote-written metrics reach Prometheus with ``job`` = ``service.name``, once.
 
 Part 2 (the SHIPPED DNS resolver): each agent runs in a private mount namespace whose ``/etc/hosts`` gives
 ``otel-gateway`` one address per gateway, as a headless service would. A gateway is SIGKILLed mid-run and
