@@ -96,7 +96,9 @@ def test_images_are_pinned() -> None:
     for name, image in images.items():
         assert re.fullmatch(r"[\w./-]+:v?\d+\.\d+\.\d+", image), (name, image)
     assert images[COLLECTOR].startswith("otel/opentelemetry-collector-contrib:")
-    assert images["grafana"].split(":")[1].startswith("11.")  # the SDK variant the dashboards target
+    assert images["grafana"].split(":")[1].startswith("11.6.")  # the SDK variant the dashboards target
+    assert images["prometheus"].split(":")[1].startswith("v3.")
+    assert images["tempo"].split(":")[1].startswith("2.")
 
 
 def test_only_grafana_and_otlp_are_published_on_loopback() -> None:
@@ -111,19 +113,31 @@ def test_only_grafana_and_otlp_are_published_on_loopback() -> None:
 
 def test_healthchecks_and_ordered_startup() -> None:
     services = _services()
-    healthy = {name for name, service in services.items() if "healthcheck" in service}
-    # The contrib collector image is FROM scratch: no shell or HTTP client to run a healthcheck with.
-    assert healthy == set(services) - {COLLECTOR}
-    for name in healthy:
+    checked = {name for name, service in services.items() if "test" in service.get("healthcheck", {})}
+    disabled = {name for name, service in services.items() if service.get("healthcheck", {}).get("disable")}
+    # The contrib collector image is FROM scratch and Tempo's is distroless: no shell or HTTP client to run
+    # a check with. Each says so with an explicit `disable: true` (and the reason in a comment).
+    assert disabled == {COLLECTOR, "tempo"}
+    assert checked == set(services) - disabled
+    text = COMPOSE_FILE.read_text()
+    assert "FROM scratch" in text and "distroless" in text
+    for name in checked:
         test = services[name]["healthcheck"]["test"]
         assert test[0] == "CMD" and "http://127.0.0.1:" in test[-1], name
     for name, service in services.items():
         for dependency, rule in service.get("depends_on", {}).items():
             assert dependency in services
-            expected = "service_healthy" if dependency in healthy else "service_started"
+            expected = "service_healthy" if dependency in checked else "service_started"
             assert rule == {"condition": expected}, (name, dependency)
     assert set(services["grafana"]["depends_on"]) == {"prometheus", "tempo", COLLECTOR}
     assert set(services[COLLECTOR]["depends_on"]) == {"prometheus", "tempo"}
+
+
+def test_each_pinned_version_names_its_source() -> None:
+    header = COMPOSE_FILE.read_text().split("services:")[0]
+    for service in _services().values():
+        repository, tag = service["image"].rsplit(":", 1)
+        assert f"{repository} {tag}:" in header, repository
 
 
 def test_memory_limits_everywhere() -> None:

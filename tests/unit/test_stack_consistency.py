@@ -272,7 +272,9 @@ def test_agents_load_balance_traces_by_trace_id_to_the_gateway_receiver() -> Non
     assert balancer["routing_key"] == "traceID"
     assert agent["service"]["pipelines"]["traces"]["exporters"] == ["loadbalancing"]
     gateway_grpc = _port(gateway["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"])
-    assert balancer["resolver"]["dns"]["port"] == gateway_grpc
+    port = balancer["resolver"]["dns"]["port"]
+    assert isinstance(port, str), "the resolver's port is a string field: an int fails strict decoding"
+    assert int(port) == gateway_grpc
     metrics_balancer = agent["exporters"]["loadbalancing/metrics"]
     assert metrics_balancer["routing_key"] == "service"
     assert metrics_balancer["resolver"]["dns"] == balancer["resolver"]["dns"]
@@ -285,3 +287,71 @@ def test_gateway_tail_sampling_keeps_every_error_trace() -> None:
     assert 0 < policies["probabilistic"]["probabilistic"]["sampling_percentage"] < 100
     assert "tail_sampling" in gateway["service"]["pipelines"]["traces"]["processors"]
     assert "tail_sampling" not in gateway["service"]["pipelines"]["metrics"]["processors"]
+
+
+# --- the gym collector distribution (collector/builder-config.yaml) ---------------------------------------
+
+MANIFEST_KINDS = {
+    "receivers": "receiver",
+    "processors": "processor",
+    "exporters": "exporter",
+    "extensions": "extension",
+}
+
+
+def _manifest() -> dict[str, Any]:
+    return _yaml(COLLECTOR_DIR / "builder-config.yaml")
+
+
+def _manifest_modules() -> dict[str, set[str]]:
+    """Per kind, the component types the manifest builds in (``.../otlpreceiver`` -> ``otlp``)."""
+    built: dict[str, set[str]] = {}
+    for section, kind in MANIFEST_KINDS.items():
+        for entry in _manifest().get(section, []):
+            module = entry["gomod"].split()[0].rsplit("/", 1)[1]
+            assert module.endswith(kind), (section, module)
+            built.setdefault(section, set()).add(module.removesuffix(kind))
+    return built
+
+
+def _used_components() -> dict[str, set[str]]:
+    """Per kind, the component types the three configs use, in the manifest's spelling (no ``_``)."""
+    used: dict[str, set[str]] = {}
+    for name in COLLECTOR_CONFIGS:
+        config = _collector(name)
+        for section in MANIFEST_KINDS:
+            for key in config.get(section, {}):
+                used.setdefault(section, set()).add(key.split("/")[0].replace("_", ""))
+    return used
+
+
+def test_manifest_builds_exactly_the_components_the_configs_use() -> None:
+    assert _manifest_modules() == _used_components()
+
+
+def test_manifest_keeps_every_collector_module_at_one_release() -> None:
+    manifest = _manifest()
+    release = manifest["dist"]["version"]
+    versions = {}
+    for section in (*MANIFEST_KINDS, "providers"):
+        for entry in manifest.get(section, []):
+            module, version = entry["gomod"].split()
+            versions[module] = version
+    core = {
+        v
+        for m, v in versions.items()
+        if m.startswith("go.opentelemetry.io/collector/") and v.startswith("v0.")
+    }
+    contrib = {v for m, v in versions.items() if "opentelemetry-collector-contrib" in m}
+    stable = {v for m, v in versions.items() if v.startswith("v1.")}
+    assert core == contrib == {f"v{release}"}
+    assert len(stable) == 1  # the 1.x modules (config providers) of the same core release
+    providers = {entry["gomod"].split()[0].rsplit("/", 1)[1] for entry in manifest["providers"]}
+    assert providers == {"envprovider", "fileprovider", "yamlprovider"}
+
+
+def test_compose_pins_the_contrib_image_at_the_manifest_release() -> None:
+    image = _compose()["services"]["otel-collector"]["image"]
+    repository, tag = image.rsplit(":", 1)
+    assert repository == "otel/opentelemetry-collector-contrib"
+    assert tag == _manifest()["dist"]["version"]
