@@ -24,4 +24,10 @@ pip=(python3 -m pip install -q --disable-pip-version-check)
 "${pip[@]}" --require-hashes -r requirements/test.lock
 "${pip[@]}" --no-deps --no-build-isolation -e .
 
+# The e2e tests run the real OpenTelemetry Collector (the gym distribution, built from
+# collector/builder-config.yaml) and Jaeger v2 as the trace store; both are built once with Go into
+# ~/.cache/gym-obs/ and reused while their inputs are unchanged (a cold build takes minutes).
+bash scripts/build-collector.sh >/dev/null
+bash scripts/build-jaeger.sh >/dev/null
+
 bash scripts/_checks.sh "$@"
