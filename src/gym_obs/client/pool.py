@@ -79,6 +79,13 @@ class PoolLimits:
     limit: int
     limit_per_host: int
 
+    @property
+    def host_cap(self) -> int:
+        """Connections one host can really get: aiohttp checks the total limit too, so a host is capped at
+        ``min(limit, limit_per_host)`` (0 = unlimited, as in aiohttp)."""
+        caps = [n for n in (self.limit, self.limit_per_host) if n > 0]
+        return min(caps) if caps else 0
+
 
 @dataclass(frozen=True, slots=True)
 class EffectiveLimits:
@@ -218,18 +225,24 @@ def capacity_report(
     warnings: list[str] = []
 
     total_limit = cfg.global_aiohttp_connector_limit
-    host_limit = cfg.global_aiohttp_connector_limit_per_host
     if intended is not None and total_limit > 0 and intended > limits.data.limit * n:
         warnings.append(
             f"intended concurrency {intended} exceeds the data pool limit {limits.data.limit * n} "
             f"({limits.data.limit} per worker x {n}): requests will wait for a connection "
             f"(see {names.METRIC_POOL_WAIT_DURATION}); raise global_aiohttp_connector_limit"
         )
-    if intended_host is not None and host_limit > 0 and intended_host > limits.data.limit_per_host * n:
+    host_cap = limits.data.host_cap
+    if intended_host is not None and host_cap > 0 and intended_host > host_cap * n:
+        capped_by_total = host_cap < limits.data.limit_per_host or limits.data.limit_per_host <= 0
+        raise_what = (
+            "global_aiohttp_connector_limit (aiohttp caps one host at min(limit, limit_per_host))"
+            if capped_by_total
+            else "global_aiohttp_connector_limit_per_host"
+        )
         warnings.append(
             f"intended per-host concurrency {intended_host} exceeds the per-host limit "
-            f"{limits.data.limit_per_host * n} ({limits.data.limit_per_host} per worker x {n}): requests to "
-            "one server will queue; raise global_aiohttp_connector_limit_per_host"
+            f"{host_cap * n} ({host_cap} per worker x {n}): requests to one server will queue; "
+            f"raise {raise_what}"
         )
 
     # Sockets one worker may hold: its share of the intended load, capped by its pool limits.
@@ -262,9 +275,9 @@ def capacity_report(
 
     line = (
         f"gym_obs client pools: workers={n} "
-        f"data limit={_fmt_limit(limits.data.limit)} per_host={_fmt_limit(limits.data.limit_per_host)} "
+        f"data limit={_fmt_limit(limits.data.limit)} per_host={_fmt_limit(limits.data.host_cap)} "
         f"control limit={_fmt_limit(limits.control.limit)} "
-        f"per_host={_fmt_limit(limits.control.limit_per_host)} "
+        f"per_host={_fmt_limit(limits.control.host_cap)} "
         f"keepalive={keepalive:g}s "
         f"tcp_keepalive={cfg.global_aiohttp_tcp_keepalive_idle_seconds}/"
         f"{cfg.global_aiohttp_tcp_keepalive_interval_seconds}/{cfg.global_aiohttp_tcp_keepalive_probes} "

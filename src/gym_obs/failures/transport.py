@@ -34,7 +34,7 @@ from gym_obs.failures.kinds import failure_kind_label
 from gym_obs.failures.report import FailureReport, _walk
 from gym_obs.telemetry import names
 from gym_obs.telemetry._state import STATE
-from gym_obs.telemetry.bodies import bounded_excerpt
+from gym_obs.telemetry.spans import record_exception
 
 __all__ = [
     "FAILURE_REPORT_BODY_KEY",
@@ -56,7 +56,6 @@ __all__ = [
 FAILURE_REPORT_HEADER: Final = names.FAILURE_REPORT_HEADER
 FAILURE_REPORT_BODY_KEY: Final = names.FAILURE_REPORT_BODY_KEY
 _HEADER_LOWER: Final = FAILURE_REPORT_HEADER.lower()
-_SPAN_REASON_CHARS: Final = 1000
 
 _log = logging.getLogger("gym_obs.failures")
 _warned_invalid = False
@@ -241,14 +240,13 @@ def _count(event: NgFailureEvent) -> None:
             instruments.failure_events.add(1, labels)
         span = trace.get_current_span()
         if span.is_recording():
-            span.record_exception(event, attributes=_span_attributes(event))
+            record_exception(span, event, _span_attributes(event))
     except Exception:
         _log.debug("failed to record a failure event", exc_info=True)
 
 
 def _span_attributes(event: NgFailureEvent) -> dict[str, AttributeValue]:
     attributes: dict[str, AttributeValue] = {
-        names.ATTR_EXCEPTION_MESSAGE: bounded_excerpt(str(event), _SPAN_REASON_CHARS),
         names.ATTR_FAILURE_EVENT_ID: event.event_id,
         names.ATTR_FAILURE_KIND: event.failure_kind,
         names.ATTR_FAILURE_BOUNDARY: event.boundary,

@@ -159,3 +159,11 @@ ENV_SESSION_ROUTING_DIR: Final = "GYM_OBS_SESSION_ROUTING_DIR"
 ATTR_FAILURE_CAUSE_ID: Final = "gym.failure.cause_id"
 FAILURE_REPORT_BODY_KEY: Final = "ng_failure_report"
 """Key of the failure report (payload object or encoded string) in a JSON error-reply body."""
+
+# --- keys the export-time scrubber cleans (issue 12.2; telemetry/export_scrub.py) -----------------------
+# Old and new HTTP semconv keys that can carry a query, fragment or userinfo; instrumentations we do not
+# control (contrib FastAPI/ASGI, aiohttp-client) set them.
+SCRUB_URL_KEYS: Final = frozenset({"url.full", "http.url"})
+SCRUB_TARGET_KEYS: Final = frozenset({"http.target"})
+SCRUB_DROPPED_KEYS: Final = frozenset({"url.query", "url.fragment"})
+SCRUB_TEXT_KEYS: Final = frozenset({"exception.message", "exception.stacktrace"})
