@@ -31,9 +31,9 @@ def clean_env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
-async def start_script(script: str, env: dict[str, str]) -> asyncio.subprocess.Process:
+async def start_script(script: str, env: dict[str, str], *args: str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-c", textwrap.dedent(script), env=clean_env(env),
+        sys.executable, "-c", textwrap.dedent(script), *args, env=clean_env(env),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
 
@@ -50,6 +50,11 @@ async def wait_listening(port: int, timeout_s: float = 20.0) -> None:
             if loop.time() > deadline:
                 raise
             await asyncio.sleep(0.05)
+
+
+def read_all(directory: Path) -> bytes:
+    """Every file under ``directory``, concatenated (span files, logs) to grep."""
+    return b"".join(p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file())
 
 
 @dataclass

@@ -15,7 +15,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.integration.sec_client_support import CANARY, raw_sink, start_script, wait_listening
+from tests.integration.sec_client_support import CANARY, raw_sink, read_all, start_script, wait_listening
 
 pytestmark = pytest.mark.integration
 
@@ -97,7 +97,7 @@ async def test_contrib_server_spans_leak_no_query_or_exception_secret(tmp_path: 
     assert b"SHUTDOWN True" in stdout, stderr.decode(errors="replace")[-2000:]
 
     otlp = b"".join(sink.bodies)
-    files = _read_all(tmp_path)
+    files = read_all(tmp_path)
     # The spans really arrived on every surface, with their exception events (the test could fail).
     for surface in (otlp, files, stdout):
         assert b"/boom" in surface and b"/record" in surface
@@ -107,7 +107,3 @@ async def test_contrib_server_spans_leak_no_query_or_exception_secret(tmp_path: 
         assert CANARY.encode() not in surface
         assert b"CANARYc4n4ry" not in surface
     assert all(json.loads(line) for line in files.splitlines() if line.strip())  # OTLP JSON lines
-
-
-def _read_all(directory: Path) -> bytes:
-    return b"".join(p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file())

@@ -24,6 +24,7 @@ from gym_obs.client._retry import (
     classify_failure,
     policy_for,
 )
+from gym_obs.client.errors import is_response_head_error, response_head_error
 from gym_obs.telemetry.logging import get_logger
 from gym_obs.telemetry.redaction import redact_url
 
@@ -116,7 +117,7 @@ async def send_with_retries(
                     response.close()
                     raise
         except Exception as exc:
-            err: Exception = exc
+            err: Exception = response_head_error(exc, method, url) if is_response_head_error(exc) else exc
         else:
             if recorder is not None:
                 recorder.attempt_ok(response, t0)

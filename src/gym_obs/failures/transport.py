@@ -23,6 +23,7 @@ from gym_obs.failures._base import MAX_EVENTS, MAX_SKIPPED, InvalidFailureReport
 from gym_obs.failures._codec import (
     MAX_DECOMPRESSED_BYTES,
     MAX_ENCODED_CHARS,
+    MAX_MAX_BYTES,
     VERSION_PREFIX,
     decode_report,
     encode_report,
@@ -41,6 +42,7 @@ __all__ = [
     "FAILURE_REPORT_HEADER",
     "MAX_DECOMPRESSED_BYTES",
     "MAX_ENCODED_CHARS",
+    "MAX_HEADER_CHARS",
     "VERSION_PREFIX",
     "InvalidFailureReport",
     "RequestFailureLog",
@@ -56,6 +58,8 @@ __all__ = [
 FAILURE_REPORT_HEADER: Final = names.FAILURE_REPORT_HEADER
 FAILURE_REPORT_BODY_KEY: Final = names.FAILURE_REPORT_BODY_KEY
 _HEADER_LOWER: Final = FAILURE_REPORT_HEADER.lower()
+MAX_HEADER_CHARS: Final = MAX_MAX_BYTES
+"""A failure header longer than any encoder produces is not a report (a hostile or broken peer)."""
 
 _log = logging.getLogger("gym_obs.failures")
 _warned_invalid = False
@@ -187,6 +191,9 @@ def report_from_reply_header(reply: object) -> FailureReport | None:
     """The valid report in a reply's ``X-NG-Failure-Report`` header, else ``None``; never raises."""
     value = _header_value(reply)
     if value is None:
+        return None
+    if isinstance(value, str | bytes) and len(value) > MAX_HEADER_CHARS:
+        _warn_invalid(f"ignored a forwarded failure report header over {MAX_HEADER_CHARS} characters")
         return None
     try:
         return decode_report(value)
