@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.responses import RedirectResponse
 
 from gym_obs.client.http_client import raise_boundary_failure, request
 from gym_obs.failures.event import NgFailureEvent
@@ -47,6 +48,18 @@ class RelayServer(SimpleServer):
                 error = event
             assert error is not None
             raise error
+
+        @app.api_route("/redirect-away", methods=["GET", "POST"])
+        async def redirect_away() -> RedirectResponse:
+            return RedirectResponse(str(self.config.own_config()["redirect_to"]), status_code=307)
+
+        @app.get("/redirect-home")
+        async def redirect_home() -> RedirectResponse:
+            return RedirectResponse("/echo-headers", status_code=302)
+
+        @app.get("/echo-headers")
+        async def echo_headers(request: Request) -> dict[str, str]:
+            return {k.lower(): v for k, v in request.headers.items()}
 
         return app
 

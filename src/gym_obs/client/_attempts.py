@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from gym_obs.client._redirects import DEFAULT_MAX_REDIRECTS, REDIRECT_STATUSES, follow_redirects
 from gym_obs.client._retry import (
     Policy,
     RetryArgs,
@@ -93,6 +94,11 @@ async def send_with_retries(
     track_upload = _UploadTracker is not None and (
         not retry_args[3] or (recorder is not None and kwargs.get("data") is not None)
     )
+    # Redirects are followed here, hop by hop, so trace context and session headers go only where the
+    # propagation rule allows (aiohttp would forward them to any Location).
+    follow_redirects_ = kwargs.pop("allow_redirects", True)
+    max_redirects = kwargs.pop("max_redirects", DEFAULT_MAX_REDIRECTS)
+    kwargs["allow_redirects"] = False
     start = _perf_counter()
     attempt = 0
     retry: RetryTracker | None = None
@@ -110,6 +116,8 @@ async def send_with_retries(
         t0 = _perf_counter() if recorder is not None else start
         try:
             response = await session.request(method, url, **kwargs)
+            if follow_redirects_ and response.status in REDIRECT_STATUSES:
+                response = await follow_redirects(session, method, url, kwargs, response, max_redirects)
             if read_body and response.status < 400:
                 try:
                     await response.read()
