@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from gym_obs.client._fair_connector import ARRIVAL, next_arrival
 from gym_obs.client._redirects import DEFAULT_MAX_REDIRECTS, REDIRECT_STATUSES, follow_redirects
 from gym_obs.client._retry import (
     Policy,
@@ -85,10 +86,28 @@ async def send_with_retries(
 ) -> aiohttp.ClientResponse:
     """Run attempts until one returns a response or the retry policy says stop.
 
-    The one attempt loop of ``request()``, telemetry on (``recorder`` set) or off. Attempt 1 costs what
-    a bare aiohttp call costs: the policy, the retry bookkeeping and the redacted destination are built
-    only after a failure.
+    The one attempt loop of ``request()``, telemetry on (``recorder`` set) or off. The request's arrival
+    number is fixed here, once: a limited pool serves queued requests in that order, retries included.
     """
+    token = ARRIVAL.set(next_arrival())
+    try:
+        return await _send_with_retries(pool, method, url, kwargs, retry_args, read_body, hook, recorder)
+    finally:
+        ARRIVAL.reset(token)
+
+
+async def _send_with_retries(
+    pool: _Pool,
+    method: str,
+    url: Any,
+    kwargs: dict[str, Any],
+    retry_args: RetryArgs,
+    read_body: bool,
+    hook: TransportFailureHook | None,
+    recorder: Recorder | None,
+) -> aiohttp.ClientResponse:
+    """Attempt 1 costs what a bare aiohttp call costs: the policy, the retry bookkeeping and the redacted
+    destination are built only after a failure."""
     # aiohttp's UploadTracker: to honour ``_resend_after_disconnect=False``, or to report
     # ``gym.http.body_uploaded`` precisely for a request with a body while telemetry is on.
     track_upload = _UploadTracker is not None and (

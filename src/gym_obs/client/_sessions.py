@@ -70,7 +70,8 @@ class _Pool:
         happens without suspending after this check, so no other request can take the last slot between.
         """
         threshold = self.wait_threshold
-        if threshold and len(self.connector._acquired) >= threshold:
+        in_use = len(self.connector._acquired) + getattr(self.connector, "promised_total", 0)
+        if threshold and in_use >= threshold:
             return self.traced
         return self.plain
 

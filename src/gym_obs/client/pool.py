@@ -23,6 +23,7 @@ from typing import Final, Literal
 
 import aiohttp
 
+from gym_obs.client._fair_connector import FairTCPConnector
 from gym_obs.client._pool_trace import pool_trace_config, sync_pool_connections
 from gym_obs.config import GlobalAIOHTTPAsyncClientConfig
 from gym_obs.telemetry import names
@@ -152,10 +153,11 @@ def keepalive_socket_factory(
 def make_connector(
     cfg: GlobalAIOHTTPAsyncClientConfig, pool: PoolName = "data", *, workers: int | None = None
 ) -> aiohttp.TCPConnector:
-    """A ``TCPConnector`` for ``pool`` with per-worker limits, TCP keepalive and a client keep-alive
-    shorter than the server's. Must be called with the event loop the connector will live on running."""
+    """A ``TCPConnector`` for ``pool`` with per-worker limits, TCP keepalive, a client keep-alive shorter
+    than the server's, and queued requests served in arrival order (``FairTCPConnector``). Must be called
+    with the event loop the connector will live on running."""
     limits = effective_limits(cfg, workers).for_pool(pool)
-    return aiohttp.TCPConnector(
+    return FairTCPConnector(
         limit=limits.limit,
         limit_per_host=limits.limit_per_host,
         keepalive_timeout=cfg.global_aiohttp_keepalive_timeout_seconds,
