@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -100,3 +101,30 @@ async def test_server_client_in_a_subprocess_agent_uses_the_parents_model_server
     assert b"STATUS 200" in stdout, stderr.decode(errors="replace")[-2000:]
     assert sink.paths == ["/ng-rollout/r-42/v1/responses"]
     assert json.loads(sink.bodies[0]) == {"input": "hi"}
+
+
+_SERVE = """
+    import sys
+    from gym_obs.cli import main
+    sys.exit(main(["serve", sys.argv[1]]))
+"""
+
+
+async def test_gym_obs_serve_refuses_settings_the_kernel_or_a_backoff_cannot_honour(tmp_path: Path) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text(
+        "client:\n"
+        "  global_aiohttp_tcp_keepalive_idle_seconds: 40000\n"
+        "  global_aiohttp_tcp_keepalive_probes: 128\n"
+        "  global_aiohttp_intended_concurrency_per_host: 0\n"
+        "  global_aiohttp_retry_backoff_base_seconds: 0\n"
+        "servers: {}\n"
+    )
+    proc = await start_script(_SERVE, {}, str(config))
+    stdout, stderr = await asyncio.wait_for(proc.communicate(), 60)
+    out = (stdout + stderr).decode()
+    assert proc.returncode not in (0, None), out
+    for key in ("global_aiohttp_tcp_keepalive_idle_seconds", "global_aiohttp_tcp_keepalive_probes",
+                "global_aiohttp_intended_concurrency_per_host", "global_aiohttp_retry_backoff_base_seconds"):
+        assert key in out
+    assert "Traceback" not in out

@@ -106,3 +106,15 @@ def test_failure_transport_records_events_with_a_scrubbed_stacktrace(telemetry: 
     assert names.ATTR_EXCEPTION_STACKTRACE in attrs
     assert attrs[names.ATTR_FAILURE_KIND] == "provider_unavailable"
     assert CANARY not in repr(attrs)
+
+
+def test_log_lines_never_carry_terminal_escapes_or_secrets() -> None:
+    from gym_obs.telemetry.logging import scrub_event
+
+    event = scrub_event(
+        None, "warning",
+        {"event": f"peer said {CANARY}\x1b[2J", "reason": f"x \x9b31m api_key={CANARY}\nnext", "n": 1},
+    )
+    text = repr(event)
+    assert CANARY not in text and "\x1b" not in event["event"] and "\x9b" not in event["reason"]
+    assert event["reason"].endswith("\nnext") and event["n"] == 1
