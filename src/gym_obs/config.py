@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -47,27 +47,72 @@ class TelemetryConfig(_Strict):
 class GlobalAIOHTTPAsyncClientConfig(_Strict):
     """Connection pools of the process-wide aiohttp sessions (data and control)."""
 
+    # Bounds of the fields below (the kernel's TCP keepalive maxima; the retry backoff floor).
+    TCP_KEEPALIVE_MAX_SECONDS: ClassVar[int] = 32767
+    TCP_KEEPALIVE_MAX_PROBES: ClassVar[int] = 127
+    RETRY_BACKOFF_MIN_SECONDS: ClassVar[float] = 0.001
+
     global_aiohttp_connector_limit: int = Field(default=100 * 1024, ge=0)
     global_aiohttp_connector_limit_per_host: int = Field(default=1024, ge=0)
     global_aiohttp_control_connector_limit: int = Field(default=256, ge=0)
     global_aiohttp_control_connector_limit_per_host: int = Field(default=64, ge=0)
-    global_aiohttp_intended_concurrency: int | None = Field(default=None, ge=0)
-    global_aiohttp_intended_concurrency_per_host: int | None = Field(default=None, ge=0)
-    global_aiohttp_tcp_keepalive_idle_seconds: int = Field(default=60, gt=0)
-    global_aiohttp_tcp_keepalive_interval_seconds: int = Field(default=10, gt=0)
-    global_aiohttp_tcp_keepalive_probes: int = Field(default=3, gt=0)
+    # Machine-wide load the capacity report checks the limits against: positive, or unset (no check).
+    global_aiohttp_intended_concurrency: int | None = Field(default=None, gt=0)
+    global_aiohttp_intended_concurrency_per_host: int | None = Field(default=None, gt=0)
+    # Linux refuses TCP_KEEPIDLE/TCP_KEEPINTVL above 32767 s and TCP_KEEPCNT above 127 with EINVAL, which
+    # would fail every connect for the whole retry budget: refused here, at config load.
+    global_aiohttp_tcp_keepalive_idle_seconds: int = Field(default=60, gt=0, le=TCP_KEEPALIVE_MAX_SECONDS)
+    global_aiohttp_tcp_keepalive_interval_seconds: int = Field(
+        default=10, gt=0, le=TCP_KEEPALIVE_MAX_SECONDS
+    )
+    global_aiohttp_tcp_keepalive_probes: int = Field(default=3, gt=0, le=TCP_KEEPALIVE_MAX_PROBES)
     global_aiohttp_client_request_debug: bool = False
     global_aiohttp_max_retry_seconds: float = Field(default=60.0, gt=0)
     # Idle pooled connections are closed by the client after this long. Kept below uvicorn's default
     # ``timeout_keep_alive`` (5 s) so the client, not the server, closes an idle connection first: a request
     # written onto a connection the server is closing at that moment is the classic lost-request race.
     global_aiohttp_keepalive_timeout_seconds: float = Field(default=4.0, gt=0)
-    # Backoff between connection-level retries: full jitter over ``base * 2**(retry - 1)``, capped.
-    global_aiohttp_retry_backoff_base_seconds: float = Field(default=0.1, ge=0)
-    global_aiohttp_retry_backoff_cap_seconds: float = Field(default=5.0, ge=0)
+    # Backoff between connection-level retries: full jitter over ``base * 2**(retry - 1)``, capped. A base
+    # of 0 (or a cap below the base) cannot back off: a refused port would be hammered thousands of times
+    # a second, so both have a floor.
+    global_aiohttp_retry_backoff_base_seconds: float = Field(
+        default=0.1, ge=RETRY_BACKOFF_MIN_SECONDS, allow_inf_nan=False
+    )
+    global_aiohttp_retry_backoff_cap_seconds: float = Field(
+        default=5.0, ge=RETRY_BACKOFF_MIN_SECONDS, allow_inf_nan=False
+    )
     # The control pool (health checks, head server) gets a finite total timeout; data calls (model
     # generations) may legitimately take minutes and have none unless the caller passes one.
     global_aiohttp_control_timeout_seconds: float = Field(default=30.0, gt=0)
+
+    @field_validator(
+        "global_aiohttp_connector_limit",
+        "global_aiohttp_connector_limit_per_host",
+        "global_aiohttp_control_connector_limit",
+        "global_aiohttp_control_connector_limit_per_host",
+        "global_aiohttp_intended_concurrency",
+        "global_aiohttp_intended_concurrency_per_host",
+        "global_aiohttp_tcp_keepalive_idle_seconds",
+        "global_aiohttp_tcp_keepalive_interval_seconds",
+        "global_aiohttp_tcp_keepalive_probes",
+        mode="before",
+    )
+    @classmethod
+    def _whole_numbers_only(cls, value: object) -> object:
+        if isinstance(value, bool):  # YAML's yes/on would otherwise become 1
+            raise ValueError(f"must be a whole number, not a boolean (got {value!r})")
+        return value
+
+    @model_validator(mode="after")
+    def _check_backoff(self) -> GlobalAIOHTTPAsyncClientConfig:
+        base = self.global_aiohttp_retry_backoff_base_seconds
+        cap = self.global_aiohttp_retry_backoff_cap_seconds
+        if cap < base:
+            raise ValueError(
+                f"global_aiohttp_retry_backoff_cap_seconds ({cap:g}) must be >= "
+                f"global_aiohttp_retry_backoff_base_seconds ({base:g}): a cap below the base cannot back off"
+            )
+        return self
 
 
 # --- server runtime: head server, server instances, the global config ------------------------------------

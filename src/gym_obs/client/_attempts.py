@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from gym_obs.client._fair_connector import ARRIVAL, next_arrival
+from gym_obs.client._redirects import DEFAULT_MAX_REDIRECTS, REDIRECT_STATUSES, follow_redirects
 from gym_obs.client._retry import (
     Policy,
     RetryArgs,
@@ -24,6 +26,7 @@ from gym_obs.client._retry import (
     classify_failure,
     policy_for,
 )
+from gym_obs.client.errors import is_response_head_error, response_head_error
 from gym_obs.telemetry.logging import get_logger
 from gym_obs.telemetry.redaction import redact_url
 
@@ -83,15 +86,38 @@ async def send_with_retries(
 ) -> aiohttp.ClientResponse:
     """Run attempts until one returns a response or the retry policy says stop.
 
-    The one attempt loop of ``request()``, telemetry on (``recorder`` set) or off. Attempt 1 costs what
-    a bare aiohttp call costs: the policy, the retry bookkeeping and the redacted destination are built
-    only after a failure.
+    The one attempt loop of ``request()``, telemetry on (``recorder`` set) or off. The request's arrival
+    number is fixed here, once: a limited pool serves queued requests in that order, retries included.
     """
+    token = ARRIVAL.set(next_arrival())
+    try:
+        return await _send_with_retries(pool, method, url, kwargs, retry_args, read_body, hook, recorder)
+    finally:
+        ARRIVAL.reset(token)
+
+
+async def _send_with_retries(
+    pool: _Pool,
+    method: str,
+    url: Any,
+    kwargs: dict[str, Any],
+    retry_args: RetryArgs,
+    read_body: bool,
+    hook: TransportFailureHook | None,
+    recorder: Recorder | None,
+) -> aiohttp.ClientResponse:
+    """Attempt 1 costs what a bare aiohttp call costs: the policy, the retry bookkeeping and the redacted
+    destination are built only after a failure."""
     # aiohttp's UploadTracker: to honour ``_resend_after_disconnect=False``, or to report
     # ``gym.http.body_uploaded`` precisely for a request with a body while telemetry is on.
     track_upload = _UploadTracker is not None and (
         not retry_args[3] or (recorder is not None and kwargs.get("data") is not None)
     )
+    # Redirects are followed here, hop by hop, so trace context and session headers go only where the
+    # propagation rule allows (aiohttp would forward them to any Location).
+    follow_redirects_ = kwargs.pop("allow_redirects", True)
+    max_redirects = kwargs.pop("max_redirects", DEFAULT_MAX_REDIRECTS)
+    kwargs["allow_redirects"] = False
     start = _perf_counter()
     attempt = 0
     retry: RetryTracker | None = None
@@ -109,6 +135,8 @@ async def send_with_retries(
         t0 = _perf_counter() if recorder is not None else start
         try:
             response = await session.request(method, url, **kwargs)
+            if follow_redirects_ and response.status in REDIRECT_STATUSES:
+                response = await follow_redirects(session, method, url, kwargs, response, max_redirects)
             if read_body and response.status < 400:
                 try:
                     await response.read()
@@ -116,7 +144,7 @@ async def send_with_retries(
                     response.close()
                     raise
         except Exception as exc:
-            err: Exception = exc
+            err: Exception = response_head_error(exc, method, url) if is_response_head_error(exc) else exc
         else:
             if recorder is not None:
                 recorder.attempt_ok(response, t0)

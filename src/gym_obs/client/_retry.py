@@ -24,6 +24,7 @@ from gym_obs.telemetry.logging import get_logger
 __all__ = [
     "LOG_EVERY_NTH_RETRY",
     "MAX_NUM_TRIES",
+    "MIN_RETRY_DELAY_S",
     "RetriesExhaustedError",
     "TransportFailure",
     "backoff_seconds",
@@ -34,6 +35,9 @@ __all__ = [
 MAX_NUM_TRIES: Final = 3
 """Attempts for generic (non connection-level) errors on external calls. Not meant to be raised: a server
 that needs more is a server to fix."""
+
+MIN_RETRY_DELAY_S: Final = 0.001
+"""The shortest wait before any re-send (the config's smallest backoff base): a floor under the jitter."""
 
 LOG_EVERY_NTH_RETRY: Final = 10
 """After the first retry of a request (logged at once), every Nth retry logs a summary line."""
@@ -260,8 +264,10 @@ class RetryTracker:
         if remaining <= 0:
             return Decision(False, exhausted_by=f"retry budget {policy.budget_s:g}s")
         # The last wait is cut to what is left of the budget, so the final attempt starts inside it.
+        # Full jitter can draw 0; the floor keeps any policy (even one built without the config's checks)
+        # from turning a refused port into a connect storm.
         backoff = backoff_seconds(self.retries + 1, policy.backoff_base_s, policy.backoff_cap_s)
-        return Decision(True, min(backoff, remaining))
+        return Decision(True, min(max(backoff, MIN_RETRY_DELAY_S), remaining))
 
     def exhausted_error(
         self, decision: Decision, err: BaseException, elapsed_s: float

@@ -40,6 +40,12 @@ _log = get_logger("gym_obs.client")
 
 GAUGE_SYNC_INTERVAL_S = 1.0
 
+MAX_RESPONSE_FIELD_BYTES = 64 * 1024
+"""Longest reply header line the sessions read (aiohttp's default is 8190). A peer that sends a longer
+failure header than gym_obs ever emits must not cost the caller the real status and body: the header is read
+(bounded) and then refused as an invalid report. Longer still, the reply head is unreadable
+(``ResponseHeadError``)."""
+
 
 @dataclass(slots=True)
 class _Pool:
@@ -64,7 +70,8 @@ class _Pool:
         happens without suspending after this check, so no other request can take the last slot between.
         """
         threshold = self.wait_threshold
-        if threshold and len(self.connector._acquired) >= threshold:
+        in_use = len(self.connector._acquired) + getattr(self.connector, "promised_total", 0)
+        if threshold and in_use >= threshold:
             return self.traced
         return self.plain
 
@@ -153,6 +160,8 @@ def _make_pool(name: PoolName) -> _Pool:
             timeout=timeout,
             cookie_jar=aiohttp.DummyCookieJar(),
             trace_configs=trace_configs,
+            max_line_size=MAX_RESPONSE_FIELD_BYTES,
+            max_field_size=MAX_RESPONSE_FIELD_BYTES,
         )
         # aiohttp silently re-sends idempotent requests (PUT/DELETE too) once after a dropped persistent
         # connection. request() owns retries: it must count them, trace them and never replay a request

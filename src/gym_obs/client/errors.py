@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Mapping
-from typing import Any, Final
+from typing import Any, Final, TypeGuard
 
 import aiohttp
 import orjson
@@ -24,13 +24,17 @@ from gym_obs.telemetry.redaction import SENSITIVE_HEADERS, redact_url, scrub_tex
 
 __all__ = [
     "MAX_ERROR_BODY_BYTES",
+    "UNREADABLE_HEAD_STATUS",
     "ResponseError",
+    "ResponseHeadError",
     "ResponseJSONError",
     "format_exception_with_response_body",
     "get_response_json",
+    "is_response_head_error",
     "raise_for_status",
     "read_error_body",
     "response_error",
+    "response_head_error",
 ]
 
 MAX_ERROR_BODY_BYTES: Final = 64 * 1024
@@ -39,6 +43,7 @@ MAX_ERROR_BODY_BYTES: Final = 64 * 1024
 _FORMAT_BODY_CHARS: Final = 2000
 _MESSAGE_CHARS: Final = 2000
 _JSON_EXCERPT_CHARS: Final = 500
+_HEAD_MESSAGE_CHARS: Final = 300
 
 
 class ResponseError(aiohttp.ClientResponseError):
@@ -75,6 +80,37 @@ class ResponseError(aiohttp.ClientResponseError):
             (type(self), info.method, str(info.url), list(info.headers.items()), self.status, self.message,
              headers, self.response_content),
         )
+
+
+UNREADABLE_HEAD_STATUS: Final = 502
+"""The status of :class:`ResponseHeadError`: the upstream's reply could not be read, as a proxy would say."""
+
+
+class ResponseHeadError(ResponseError):
+    """The upstream's reply head could not be parsed (a header over the read limit, a malformed line), so
+    no real status exists. aiohttp raises an unpicklable ``ClientResponseError`` with a made-up 400 that
+    looks like the upstream's answer; this says what happened instead, with status 502, and pickles."""
+
+
+def response_head_error(error: aiohttp.ClientResponseError, method: str, url: object) -> ResponseHeadError:
+    """``error`` (aiohttp's reply-head parse failure) as a picklable, scrubbed :class:`ResponseHeadError`."""
+    what = bounded_excerpt(scrub_text(str(error.message)), _HEAD_MESSAGE_CHARS)
+    return ResponseHeadError(
+        _safe_request_info(method, URL(redact_url(str(url)), encoded=True), ()),
+        status=UNREADABLE_HEAD_STATUS,
+        message=f"the upstream's reply head could not be read: {what}",
+    )
+
+
+def is_response_head_error(error: BaseException) -> TypeGuard[aiohttp.ClientResponseError]:
+    """Whether ``error`` is aiohttp's failure to parse a reply head (not a reply the upstream chose)."""
+    from aiohttp.http_exceptions import HttpProcessingError
+
+    return (
+        isinstance(error, aiohttp.ClientResponseError)
+        and not isinstance(error, ResponseError)
+        and isinstance(error.__cause__, HttpProcessingError)
+    )
 
 
 class ResponseJSONError(ValueError):

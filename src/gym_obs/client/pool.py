@@ -23,6 +23,7 @@ from typing import Final, Literal
 
 import aiohttp
 
+from gym_obs.client._fair_connector import FairTCPConnector
 from gym_obs.client._pool_trace import pool_trace_config, sync_pool_connections
 from gym_obs.config import GlobalAIOHTTPAsyncClientConfig
 from gym_obs.telemetry import names
@@ -78,6 +79,13 @@ class PoolLimits:
 
     limit: int
     limit_per_host: int
+
+    @property
+    def host_cap(self) -> int:
+        """Connections one host can really get: aiohttp checks the total limit too, so a host is capped at
+        ``min(limit, limit_per_host)`` (0 = unlimited, as in aiohttp)."""
+        caps = [n for n in (self.limit, self.limit_per_host) if n > 0]
+        return min(caps) if caps else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,10 +153,11 @@ def keepalive_socket_factory(
 def make_connector(
     cfg: GlobalAIOHTTPAsyncClientConfig, pool: PoolName = "data", *, workers: int | None = None
 ) -> aiohttp.TCPConnector:
-    """A ``TCPConnector`` for ``pool`` with per-worker limits, TCP keepalive and a client keep-alive
-    shorter than the server's. Must be called with the event loop the connector will live on running."""
+    """A ``TCPConnector`` for ``pool`` with per-worker limits, TCP keepalive, a client keep-alive shorter
+    than the server's, and queued requests served in arrival order (``FairTCPConnector``). Must be called
+    with the event loop the connector will live on running."""
     limits = effective_limits(cfg, workers).for_pool(pool)
-    return aiohttp.TCPConnector(
+    return FairTCPConnector(
         limit=limits.limit,
         limit_per_host=limits.limit_per_host,
         keepalive_timeout=cfg.global_aiohttp_keepalive_timeout_seconds,
@@ -218,18 +227,24 @@ def capacity_report(
     warnings: list[str] = []
 
     total_limit = cfg.global_aiohttp_connector_limit
-    host_limit = cfg.global_aiohttp_connector_limit_per_host
     if intended is not None and total_limit > 0 and intended > limits.data.limit * n:
         warnings.append(
             f"intended concurrency {intended} exceeds the data pool limit {limits.data.limit * n} "
             f"({limits.data.limit} per worker x {n}): requests will wait for a connection "
             f"(see {names.METRIC_POOL_WAIT_DURATION}); raise global_aiohttp_connector_limit"
         )
-    if intended_host is not None and host_limit > 0 and intended_host > limits.data.limit_per_host * n:
+    host_cap = limits.data.host_cap
+    if intended_host is not None and host_cap > 0 and intended_host > host_cap * n:
+        capped_by_total = host_cap < limits.data.limit_per_host or limits.data.limit_per_host <= 0
+        raise_what = (
+            "global_aiohttp_connector_limit (aiohttp caps one host at min(limit, limit_per_host))"
+            if capped_by_total
+            else "global_aiohttp_connector_limit_per_host"
+        )
         warnings.append(
             f"intended per-host concurrency {intended_host} exceeds the per-host limit "
-            f"{limits.data.limit_per_host * n} ({limits.data.limit_per_host} per worker x {n}): requests to "
-            "one server will queue; raise global_aiohttp_connector_limit_per_host"
+            f"{host_cap * n} ({host_cap} per worker x {n}): requests to one server will queue; "
+            f"raise {raise_what}"
         )
 
     # Sockets one worker may hold: its share of the intended load, capped by its pool limits.
@@ -262,9 +277,9 @@ def capacity_report(
 
     line = (
         f"gym_obs client pools: workers={n} "
-        f"data limit={_fmt_limit(limits.data.limit)} per_host={_fmt_limit(limits.data.limit_per_host)} "
+        f"data limit={_fmt_limit(limits.data.limit)} per_host={_fmt_limit(limits.data.host_cap)} "
         f"control limit={_fmt_limit(limits.control.limit)} "
-        f"per_host={_fmt_limit(limits.control.limit_per_host)} "
+        f"per_host={_fmt_limit(limits.control.host_cap)} "
         f"keepalive={keepalive:g}s "
         f"tcp_keepalive={cfg.global_aiohttp_tcp_keepalive_idle_seconds}/"
         f"{cfg.global_aiohttp_tcp_keepalive_interval_seconds}/{cfg.global_aiohttp_tcp_keepalive_probes} "

@@ -20,7 +20,7 @@ import aiohttp
 
 from gym_obs.client._addresses import connectable_host, server_base_url
 from gym_obs.client.http_client import get_global_aiohttp_control_client, request
-from gym_obs.client.server_urls import get_server_url, subprocess_agent_env
+from gym_obs.client.server_urls import get_server_url, model_server_url_from_env, subprocess_agent_env
 from gym_obs.config import (
     ConfigError,
     GlobalConfig,
@@ -119,7 +119,15 @@ class ServerClient:
         return self.global_config.server(server_name)
 
     def base_url(self, server_name: str) -> str:
-        """``http://host:port`` of a server; wildcard bind addresses become loopback."""
+        """``http://host:port`` of a server; wildcard bind addresses become loopback.
+
+        In a subprocess agent whose parent named this server in ``GYM_OBS_MODEL_SERVER_NAME``, the
+        parent's ``GYM_OBS_MODEL_SERVER_BASE_URL`` wins (as in :func:`get_server_url`): the config's address
+        may not be reachable from the child, and the parent's URL carries its rollout and trace segments.
+        """
+        env_url = model_server_url_from_env(server_name)
+        if env_url is not None:
+            return env_url
         url = self._base_urls.get(server_name)
         if url is None:
             server = self.server_config(server_name)

@@ -21,13 +21,17 @@ from gym_obs.telemetry.propagation import apply_rollout_prefix, current_rollout_
 if TYPE_CHECKING:
     from gym_obs.client.server_client import ServerClient
 
-__all__ = ["get_server_url", "subprocess_agent_env"]
+__all__ = ["get_server_url", "model_server_url_from_env", "subprocess_agent_env"]
 
 _LOCK = threading.Lock()
 _loaded: ServerClient | None = None
 
 
-def _env_model_url(server_name: str, environ: Mapping[str, str]) -> str | None:
+def model_server_url_from_env(server_name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """``GYM_OBS_MODEL_SERVER_BASE_URL`` (no trailing slash) when ``GYM_OBS_MODEL_SERVER_NAME`` names
+    ``server_name``, else ``None``: the one rule both :func:`get_server_url` and ``ServerClient`` follow."""
+    if environ is None:
+        environ = os.environ
     if environ.get(names.ENV_MODEL_SERVER_NAME) != server_name:
         return None
     url = environ.get(names.ENV_MODEL_SERVER_BASE_URL, "").strip()
@@ -56,7 +60,7 @@ def get_server_url(
     on first use) and, with ``rollout_prefix`` and a current rollout, gets the rollout and trace segments.
     A URL with a trace segment belongs to the current span: build it per rollout, don't cache it.
     """
-    env_url = _env_model_url(server_name, os.environ)
+    env_url = model_server_url_from_env(server_name)
     if env_url is not None:
         return env_url
     client = server_client if server_client is not None else _default_server_client()

@@ -20,6 +20,7 @@ from gym_obs.failures._base import (
     MAX_DETAILS_STRING_CHARS,
     bounded,
     utf8_safe,
+    without_controls,
 )
 from gym_obs.telemetry.redaction import REDACTED, scrub_text
 
@@ -48,7 +49,9 @@ def sanitize_details(details: Mapping[str, object] | None) -> dict[str, Any] | N
 
 
 def check_remote_details(details: object) -> dict[str, Any] | None:
-    """Remote details: a dict that serializes within the bound, else the truncation marker."""
+    """Remote details: a dict that serializes within the bound (else the truncation marker), then cleaned
+    exactly as local details are: keys named like secrets redacted, every string scrubbed and stripped of
+    control characters. A peer's details are as hostile as the rest of its report."""
     if details is None:
         return None
     if not isinstance(details, dict):
@@ -58,7 +61,7 @@ def check_remote_details(details: object) -> dict[str, Any] | None:
             return {DETAILS_TRUNCATED: True}
     except Exception:  # non-string keys, too deep, integers out of range
         return {DETAILS_TRUNCATED: True}
-    return details
+    return sanitize_details(details)
 
 
 def _mapping(value: Mapping[Any, object], depth: int) -> dict[str, Any]:
@@ -67,7 +70,8 @@ def _mapping(value: Mapping[Any, object], depth: int) -> dict[str, Any]:
         if i >= MAX_DETAILS_ITEMS:
             out[DETAILS_TRUNCATED] = True
             break
-        name = bounded(utf8_safe(key if isinstance(key, str) else str(key)), _MAX_KEY_CHARS)
+        raw = key if isinstance(key, str) else str(key)
+        name = bounded(scrub_text(without_controls(raw[: _MAX_KEY_CHARS * 4])), _MAX_KEY_CHARS)
         out[name] = REDACTED if _SENSITIVE_KEY.search(name) else _value(item, depth + 1)
     return out
 
@@ -98,4 +102,5 @@ def _value(value: object, depth: int) -> Any:
 
 def _text(text: str) -> str:
     # Cut generously before scrubbing (bounded cost), then to the final bound.
-    return bounded(utf8_safe(scrub_text(text[: MAX_DETAILS_STRING_CHARS * 4])), MAX_DETAILS_STRING_CHARS)
+    clean = without_controls(text[: MAX_DETAILS_STRING_CHARS * 4], keep_lines=True)
+    return bounded(utf8_safe(scrub_text(clean)), MAX_DETAILS_STRING_CHARS)

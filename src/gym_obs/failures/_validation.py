@@ -8,6 +8,7 @@ Every check is linear in the input and raises only ``InvalidFailureReport``.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,19 +26,59 @@ from gym_obs.failures._base import (
     TRACE_ID_RE,
     InvalidFailureReport,
     bounded,
+    without_controls,
 )
 from gym_obs.failures._details import check_remote_details
-from gym_obs.failures.kinds import BOUNDARIES, MAX_KIND_CHARS, STAGES, validate_failure_kind
+from gym_obs.failures.kinds import (
+    BOUNDARIES,
+    FAILURE_KINDS,
+    MAX_KIND_CHARS,
+    STAGES,
+    UNKNOWN_REMOTE_KIND,
+    is_known_failure_kind,
+)
 from gym_obs.telemetry.redaction import scrub_text
 
 _MAX_RECORD_KEYS = 32
-# C0 controls (but newline and tab) and DEL: a peer's reason must not rewrite this process's log lines.
-_CONTROL_CHARS = {code: "\ufffd" for code in (*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F)}
+# ``module.QualName`` (``<locals>`` allowed between parts): what exception_type_name() produces.
+_TYPE_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.(?:<locals>|[A-Za-z_][A-Za-z0-9_]*))*")
+_KIND_SHAPE_RE = re.compile(r"[a-z][a-z0-9]{0,30}(?:_[a-z0-9]{1,30}){1,6}")
+INVALID_TYPE_NAME = "UnknownException"
+"""A peer's exception type name that is not an identifier path (or looks like a secret) becomes this."""
+
+
+def remote_text(text: str, limit: int = MAX_REASON_CHARS) -> str:
+    """A peer's free text: bounded, scrubbed again (a peer may be older, buggy or hostile) and free of
+    control characters (newline and tab are kept)."""
+    return scrub_text(without_controls(bounded(text, limit), keep_lines=True))[:limit]
+
+
+def remote_label(text: str, limit: int) -> str:
+    """A peer's short label (rollout id, server name, details key): one line, scrubbed, bounded."""
+    return scrub_text(without_controls(text)[:limit])[:limit]
 
 
 def _remote_reason(reason: str) -> str:
-    """A peer's reason, bounded, scrubbed again (a peer may be older or buggy) and free of control chars."""
-    return scrub_text(bounded(reason, MAX_REASON_CHARS)).translate(_CONTROL_CHARS)[:MAX_REASON_CHARS]
+    return remote_text(reason, MAX_REASON_CHARS)
+
+
+def _remote_kind(kind: str) -> str:
+    """A vocabulary kind, else one shaped like a kind (``<domain>_<condition>`` from a peer with a newer
+    vocabulary, or namespaced ``<server>:<kind>``) that holds no secret; anything else is ``unknown``."""
+    if kind in FAILURE_KINDS:
+        return kind
+    if (_KIND_SHAPE_RE.fullmatch(kind) or is_known_failure_kind(kind)) and scrub_text(kind) == kind:
+        return kind
+    return UNKNOWN_REMOTE_KIND
+
+
+def _remote_type_name(value: object) -> str | None:
+    name = _label(value, "exception_type", MAX_TYPE_NAME_CHARS)
+    if name is None:
+        return None
+    if _TYPE_NAME_RE.fullmatch(name) is None or scrub_text(name) != name:
+        return INVALID_TYPE_NAME
+    return name
 
 
 def validate_record(key: object, record: object) -> dict[str, Any]:
@@ -68,7 +109,7 @@ def validate_record(key: object, record: object) -> dict[str, Any]:
         clean = {
             "event_id": event_id,
             "failure_kind": None,
-            "exception_type": _label(record.get("exception_type"), "exception_type", MAX_TYPE_NAME_CHARS),
+            "exception_type": _remote_type_name(record.get("exception_type")),
             "failure_reason": _remote_reason(reason),
             "cause_id": cause_id,
             "details": check_remote_details(record.get("details")),
@@ -134,7 +175,7 @@ def _gym_record(
     timestamp = _finite(record.get("timestamp"))
     return {
         "event_id": event_id,
-        "failure_kind": validate_failure_kind(kind),
+        "failure_kind": _remote_kind(kind),
         "failure_reason": reason,
         "boundary": boundary,
         "stage": stage,
@@ -143,8 +184,8 @@ def _gym_record(
         "cause_id": cause_id,
         "trace_id": _hex(record.get("trace_id"), "trace_id", TRACE_ID_RE),
         "span_id": _hex(record.get("span_id"), "span_id", SPAN_ID_RE),
-        "rollout_id": _label(record.get("rollout_id"), "rollout_id", MAX_LABEL_CHARS),
-        "server_name": _label(record.get("server_name"), "server_name", MAX_LABEL_CHARS),
+        "rollout_id": _remote_label(record.get("rollout_id"), "rollout_id"),
+        "server_name": _remote_label(record.get("server_name"), "server_name"),
         "timestamp": timestamp,
     }
 
@@ -178,6 +219,11 @@ def _hex(value: object, field: str, pattern: Any) -> str | None:
     if not isinstance(value, str) or pattern.fullmatch(value) is None:
         raise InvalidFailureReport(f"{field} is not well formed")
     return value
+
+
+def _remote_label(value: object, field: str) -> str | None:
+    label = _label(value, field, MAX_LABEL_CHARS)
+    return None if label is None else (remote_label(label, MAX_LABEL_CHARS) or None)
 
 
 def _label(value: object, field: str, limit: int) -> str | None:

@@ -19,6 +19,7 @@ __all__ = [
     "MAX_KIND_CHARS",
     "OTHER_KIND_LABEL",
     "STAGES",
+    "UNKNOWN_REMOTE_KIND",
     "Boundary",
     "FailureKind",
     "Stage",
@@ -71,6 +72,10 @@ MAX_KIND_CHARS: Final = 128
 
 OTHER_KIND_LABEL: Final = "_OTHER"
 """Metric label for kinds outside the vocabulary (mirrors the semconv ``error.type`` fallback)."""
+
+UNKNOWN_REMOTE_KIND: Final = "unknown"
+"""What a peer's failure kind becomes when it is neither in the vocabulary nor a well-formed namespaced kind:
+a peer's free text never passes as a label (it could hold a secret or terminal escapes)."""
 
 _NAMESPACED_KIND = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}:[a-z][a-z0-9_]{0,62}")
 _MAX_WARNED = 256

@@ -22,6 +22,7 @@ from gym_obs.failures._base import MAX_EVENTS, MAX_SKIPPED, InvalidFailureReport
 from gym_obs.failures._codec import (
     MAX_DECOMPRESSED_BYTES,
     MAX_ENCODED_CHARS,
+    MAX_MAX_BYTES,
     VERSION_PREFIX,
     decode_report,
     encode_report,
@@ -34,13 +35,14 @@ from gym_obs.failures.report import FailureReport, _walk
 from gym_obs.telemetry import names
 from gym_obs.telemetry._state import STATE
 from gym_obs.telemetry._types import AttributeValue
-from gym_obs.telemetry.bodies import bounded_excerpt
+from gym_obs.telemetry.spans import record_exception
 
 __all__ = [
     "FAILURE_REPORT_BODY_KEY",
     "FAILURE_REPORT_HEADER",
     "MAX_DECOMPRESSED_BYTES",
     "MAX_ENCODED_CHARS",
+    "MAX_HEADER_CHARS",
     "VERSION_PREFIX",
     "InvalidFailureReport",
     "RequestFailureLog",
@@ -56,7 +58,8 @@ __all__ = [
 FAILURE_REPORT_HEADER: Final = names.FAILURE_REPORT_HEADER
 FAILURE_REPORT_BODY_KEY: Final = names.FAILURE_REPORT_BODY_KEY
 _HEADER_LOWER: Final = FAILURE_REPORT_HEADER.lower()
-_SPAN_REASON_CHARS: Final = 1000
+MAX_HEADER_CHARS: Final = MAX_MAX_BYTES
+"""A failure header longer than any encoder produces is not a report (a hostile or broken peer)."""
 
 _log = logging.getLogger("gym_obs.failures")
 _warned_invalid = False
@@ -189,6 +192,9 @@ def report_from_reply_header(reply: object) -> FailureReport | None:
     value = _header_value(reply)
     if value is None:
         return None
+    if isinstance(value, str | bytes) and len(value) > MAX_HEADER_CHARS:
+        _warn_invalid(f"ignored a forwarded failure report header over {MAX_HEADER_CHARS} characters")
+        return None
     try:
         return decode_report(value)
     except InvalidFailureReport as exc:
@@ -241,14 +247,13 @@ def _count(event: NgFailureEvent) -> None:
             instruments.failure_events.add(1, labels)
         span = trace.get_current_span()
         if span.is_recording():
-            span.record_exception(event, attributes=_span_attributes(event))
+            record_exception(span, event, _span_attributes(event))
     except Exception:
         _log.debug("failed to record a failure event", exc_info=True)
 
 
 def _span_attributes(event: NgFailureEvent) -> dict[str, AttributeValue]:
     attributes: dict[str, AttributeValue] = {
-        names.ATTR_EXCEPTION_MESSAGE: bounded_excerpt(str(event), _SPAN_REASON_CHARS),
         names.ATTR_FAILURE_EVENT_ID: event.event_id,
         names.ATTR_FAILURE_KIND: event.failure_kind,
         names.ATTR_FAILURE_BOUNDARY: event.boundary,

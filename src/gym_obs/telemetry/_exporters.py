@@ -223,7 +223,14 @@ def _file_metrics(directory: str, service_label: str) -> tuple[str, MetricExport
     return str(exporter.path), exporter
 
 
-_SPANS: Final = _Signal("span", _file_spans, ConsoleSpanExporter, otlp_span_exporter, SafeSpanExporter)
+def _safe_scrubbed_spans(exporter: SpanExporter, what: str) -> SpanExporter:
+    """Every span exporter cleans spans first (export_scrub: the backstop for spans gym_obs did not write)."""
+    from gym_obs.telemetry.export_scrub import ScrubbingSpanExporter
+
+    return SafeSpanExporter(ScrubbingSpanExporter(exporter), what)
+
+
+_SPANS: Final = _Signal("span", _file_spans, ConsoleSpanExporter, otlp_span_exporter, _safe_scrubbed_spans)
 _METRICS: Final = _Signal(
     "metric", _file_metrics, ConsoleMetricExporter, otlp_metric_exporter, SafeMetricExporter
 )

@@ -21,7 +21,7 @@ from structlog.typing import EventDict, Processor, WrappedLogger
 from gym_obs.telemetry import names
 from gym_obs.telemetry._state import STATE
 from gym_obs.telemetry.propagation import current_rollout_id
-from gym_obs.telemetry.redaction import scrub_text
+from gym_obs.telemetry.redaction import escape_controls, scrub_text
 from gym_obs.telemetry.spans import current_ids
 
 __all__ = ["configure_logging", "get_logger"]
@@ -48,7 +48,7 @@ def add_telemetry_ids(_logger: WrappedLogger, _method: str, event_dict: EventDic
 
 def _scrub(value: Any, depth: int = 0) -> Any:
     if isinstance(value, str):
-        return scrub_text(value)
+        return escape_controls(scrub_text(value))
     if depth >= _MAX_DEPTH:
         return value
     if isinstance(value, dict):
@@ -59,12 +59,13 @@ def _scrub(value: Any, depth: int = 0) -> Any:
 
 
 def scrub_event(_logger: WrappedLogger, _method: str, event_dict: EventDict) -> EventDict:
-    """Scrub secrets from the event and every string value (nested ones too)."""
+    """Scrub secrets from the event and every string value (nested ones too); control characters (a peer's
+    ``\x1b[2J``) are shown as control pictures, never sent to a terminal."""
     for key, value in list(event_dict.items()):
         if isinstance(value, str | dict | list | tuple):
             event_dict[key] = _scrub(value)
         elif key == "event" and value is not None:
-            event_dict[key] = scrub_text(str(value))
+            event_dict[key] = escape_controls(scrub_text(str(value)))
     return event_dict
 
 

@@ -318,3 +318,11 @@ HISTOGRAM_BUCKETS_S.update(
         METRIC_EVENT_LOOP_LAG: EVENT_LOOP_LAG_BUCKETS_S,
     }
 )
+
+# --- keys the export-time scrubber cleans (issue 12.2; telemetry/export_scrub.py) -----------------------
+# Old and new HTTP semconv keys that can carry a query, fragment or userinfo; instrumentations we do not
+# control (contrib FastAPI/ASGI, aiohttp-client) set them.
+SCRUB_URL_KEYS: Final = frozenset({"url.full", "http.url"})
+SCRUB_TARGET_KEYS: Final = frozenset({"http.target"})
+SCRUB_DROPPED_KEYS: Final = frozenset({"url.query", "url.fragment"})
+SCRUB_TEXT_KEYS: Final = frozenset({"exception.message", "exception.stacktrace"})

@@ -18,6 +18,7 @@ __all__ = [
     "REDACTED_USERINFO",
     "SENSITIVE_HEADERS",
     "URL_PLACEHOLDER",
+    "escape_controls",
     "redact_url",
     "scrub_headers",
     "scrub_text",
@@ -254,6 +255,20 @@ def _scrub_urls(text: str) -> str:
         i = text.find("://", max(end, i + 3))
     out.append(text[pos:])
     return "".join(out)
+
+
+_CONTROL_PICTURES: Final = {
+    **{code: chr(0x2400 + code) for code in range(0x20) if chr(code) not in "\n\t"},
+    0x7F: "\u2421",
+    **dict.fromkeys(range(0x80, 0xA0), "\ufffd"),  # C1 controls: 0x9b is a one-byte terminal CSI
+}
+_ANY_CONTROL_RE: Final = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with control characters (ESC and the rest, newline and tab excepted) shown as Unicode
+    control pictures: a log line printed to a terminal can then never move the cursor or clear the screen."""
+    return text.translate(_CONTROL_PICTURES) if _ANY_CONTROL_RE.search(text) else text
 
 
 def scrub_headers(headers: Mapping[str, str]) -> dict[str, str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Final
 
@@ -74,19 +74,21 @@ def _clean_attribute(key: str, value: AttributeValue) -> AttributeValue:
     return value
 
 
-def record_exception(span: Span, exc: BaseException) -> None:
-    """Add an ``exception`` event whose message and stack trace are scrubbed and bounded."""
+def record_exception(
+    span: Span, exc: BaseException, attributes: Mapping[str, AttributeValue] | None = None
+) -> None:
+    """Add an ``exception`` event whose message and stack trace are scrubbed, bounded and have their
+    control characters escaped, as log lines are (the SDK's ``record_exception`` writes the raw traceback,
+    where the secret an exception message held is repeated). ``attributes`` are added to the event; they
+    cannot replace the scrubbed message or stack trace."""
     if not span.is_recording():
         return
     try:
         stack = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        span.record_exception(
-            exc,
-            attributes={
-                names.ATTR_EXCEPTION_MESSAGE: bounded_excerpt(str(exc), _EXCEPTION_MESSAGE_CHARS),
-                names.ATTR_EXCEPTION_STACKTRACE: bounded_excerpt(stack, _EXCEPTION_STACK_CHARS),
-            },
-        )
+        event: dict[str, AttributeValue] = dict(attributes) if attributes else {}
+        event[names.ATTR_EXCEPTION_MESSAGE] = bounded_excerpt(str(exc), _EXCEPTION_MESSAGE_CHARS)
+        event[names.ATTR_EXCEPTION_STACKTRACE] = bounded_excerpt(stack, _EXCEPTION_STACK_CHARS)
+        span.record_exception(exc, attributes=event)
     except Exception:
         span.add_event(names.SPAN_EVENT_EXCEPTION, {names.ATTR_EXCEPTION_TYPE: type(exc).__qualname__})
 
