@@ -101,18 +101,22 @@ async def _hold(session: aiohttp.ClientSession, seconds: float) -> tuple[int, ai
 async def _through_the_other_worker(owner: int) -> AsyncIterator[None]:
     """While inside, a new connection is accepted by the worker that is *not* ``owner``.
 
-    The owner's event loop is blocked (it accepts nothing); if the first hold lands on the other worker,
-    a second, longer one lands on the owner, and the first ends soon, leaving the other worker free.
+    The owner's event loop is blocked (it accepts nothing). A hold that lands on the other worker blocks it,
+    so the next hold lands on the owner; on a loaded machine a short hold may end before the next request
+    arrives, so holds repeat (each as long as the one before or longer, so the owner's, started last, ends
+    last) until one lands on the owner.
     """
     held: list[aiohttp.ClientResponse] = []
     async with _fresh() as session:
         try:
-            pid, response = await _hold(session, 1.0)
+            pid, response = await _hold(session, 2.0)
             held.append(response)
-            if pid != owner:
-                pid, response = await _hold(session, 4.0)
+            for _ in range(4):
+                if pid == owner:
+                    break
+                pid, response = await _hold(session, 8.0)
                 held.append(response)
-                assert pid == owner
+            assert pid == owner
             yield
         finally:
             for response in held:
