@@ -8,7 +8,7 @@ metrics, raw bytes), span and metric files, every process's log (uvicorn access 
 failure header decoded), the head server's served config.
 
 Cases that also depend on other parts' fixes (span-event stack traces, remote report scrubbing, the
-harness) are in ``test_canary_after_merge.py``.
+harness) are in ``test_canary_cross_layer.py``.
 
 Ports: head 31100, front 31101, peer 31102, OTLP receiver 31190.
 """

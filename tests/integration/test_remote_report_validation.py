@@ -27,8 +27,8 @@ from gym_obs.failures._base import new_event_id
 from gym_obs.failures._codec import _encode
 from gym_obs.failures.report import failure_report_for
 from gym_obs.failures.transport import FAILURE_REPORT_HEADER, request_failure_log
-from tests.integration.sec_client_apps import RELAY_SCRIPT
-from tests.integration.sec_client_support import CANARY, read_all, start_script, wait_listening
+from tests.integration.relay_apps import RELAY_SCRIPT
+from tests.integration.relay_support import CANARY, read_all, start_script, wait_listening
 
 pytestmark = pytest.mark.integration
 
@@ -109,7 +109,7 @@ async def test_a_relaying_gym_server_passes_on_nothing_hostile(tmp_path: Path) -
     config = {
         "telemetry": {"enabled": True, "traces_exporter": "file", "metrics_exporter": "none",
                       "file_export_dir": str(tmp_path)},
-        "servers": {"relay": {"entrypoint": "tests.integration.sec_client_apps:RelayServer",
+        "servers": {"relay": {"entrypoint": "tests.integration.relay_apps:RelayServer",
                               "server_type": "simple_agents", "port": RELAY_PORT,
                               "upstream_url": f"http://127.0.0.1:{UPSTREAM_PORT}/generate"}},
     }
@@ -164,7 +164,7 @@ async def test_an_oversize_failure_header_keeps_the_real_status_and_body_and_pic
 
 
 async def test_a_gym_server_never_emits_a_failure_header_over_4096_bytes(tmp_path: Path) -> None:
-    config = {"servers": {"relay": {"entrypoint": "tests.integration.sec_client_apps:RelayServer",
+    config = {"servers": {"relay": {"entrypoint": "tests.integration.relay_apps:RelayServer",
                                     "server_type": "simple_agents", "port": RELAY_PORT,
                                     "upstream_url": "http://127.0.0.1:1/"}}}
     proc = await start_script(RELAY_SCRIPT, {}, json.dumps(config))

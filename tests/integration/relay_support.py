@@ -1,4 +1,4 @@
-"""Helpers for the sec-client regression tests (issues 11/12): a raw OTLP sink, a subprocess runner, a
+"""Helpers for the client security regression tests (issues 11/12): a raw OTLP sink, a subprocess runner, a
 header-recording server. Ports 30500-30999."""
 
 from __future__ import annotations

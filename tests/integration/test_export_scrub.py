@@ -15,7 +15,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.integration.sec_client_support import CANARY, raw_sink, read_all, start_script, wait_listening
+from tests.integration.relay_support import CANARY, raw_sink, read_all, start_script, wait_listening
 
 pytestmark = pytest.mark.integration
 

@@ -37,7 +37,7 @@ _SERVER = textwrap.dedent(
     from gym_obs.telemetry.resources import start_process_gauges
     from gym_obs.telemetry.setup import setup_telemetry
 
-    handle = setup_telemetry("opstel-proc", "resources_server")
+    handle = setup_telemetry("gauges-proc", "resources_server")
     assert handle.enabled, handle.problems
     state = {"inflight": 0, "peak": 0, "total": 0, "gauges": None}
 
@@ -151,7 +151,7 @@ async def test_semaphore_admits_at_most_limit_real_requests_and_the_server_repor
         assert (await _json("/state"))["gauges"] is True
 
         # section 3: 60 rollouts behind a limit of 3 in front of real HTTP calls
-        sem = TimedSemaphore(3, site="opstel.rollouts")
+        sem = TimedSemaphore(3, site="test.rollouts")
 
         async def rollout() -> None:
             async with sem:
@@ -162,13 +162,13 @@ async def test_semaphore_admits_at_most_limit_real_requests_and_the_server_repor
         (wait,) = [
             p
             for p in telemetry.metric_points(names.METRIC_CONCURRENCY_WAIT_DURATION)
-            if p.attributes == {names.ATTR_CONCURRENCY_SITE: "opstel.rollouts"}
+            if p.attributes == {names.ATTR_CONCURRENCY_SITE: "test.rollouts"}
         ]
         assert wait.count == 60
         assert wait.max is not None and wait.max >= 0.02 * (60 // 3 - 2)  # the last ones queued behind ~19
 
         # waiters cancelled while queued never reach HTTP, and are counted
-        gate = TimedSemaphore(2, site="opstel.cancel")
+        gate = TimedSemaphore(2, site="test.cancel")
         queued = [asyncio.create_task(_gated(gate)) for _ in range(10)]
         await asyncio.sleep(0)  # every task runs to its first wait: 2 admitted, 8 queued
         assert gate.waiting == 8
@@ -180,7 +180,7 @@ async def test_semaphore_admits_at_most_limit_real_requests_and_the_server_repor
         (cancelled,) = [
             p
             for p in telemetry.metric_points(names.METRIC_CONCURRENCY_CANCELLED_WAITS)
-            if p.attributes == {names.ATTR_CONCURRENCY_SITE: "opstel.cancel"}
+            if p.attributes == {names.ATTR_CONCURRENCY_SITE: "test.cancel"}
         ]
         assert cancelled.value == 5
         assert gate.active == 0

@@ -45,7 +45,7 @@ def _config() -> GlobalConfig:
             "head_server": {"port": HEAD_PORT},
             "servers": {
                 "uploads": {
-                    "entrypoint": "tests.integration.test_sec_dos_apps:UploadServer",
+                    "entrypoint": "tests.integration.upload_apps:UploadServer",
                     "server_type": "resources_servers",
                     "port": PORT,
                     "num_workers": 2,

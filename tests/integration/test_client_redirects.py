@@ -20,8 +20,8 @@ from gym_obs.client.http_client import close_global_aiohttp_client, request
 from gym_obs.telemetry import names
 from gym_obs.telemetry._state import STATE
 from gym_obs.telemetry.testing import Capture
-from tests.integration.sec_client_apps import RELAY_SCRIPT
-from tests.integration.sec_client_support import CANARY, RawSink, raw_sink, start_script, wait_listening
+from tests.integration.relay_apps import RELAY_SCRIPT
+from tests.integration.relay_support import CANARY, RawSink, raw_sink, start_script, wait_listening
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +42,7 @@ _HEADERS = {
 
 @pytest.fixture
 async def gym_and_sink() -> AsyncIterator[RawSink]:
-    config = {"servers": {"relay": {"entrypoint": "tests.integration.sec_client_apps:RelayServer",
+    config = {"servers": {"relay": {"entrypoint": "tests.integration.relay_apps:RelayServer",
                                     "server_type": "simple_agents", "port": GYM_PORT,
                                     "upstream_url": "http://127.0.0.1:1/", "redirect_to": SINK_URL}}}
     async with raw_sink(SINK_PORT) as sink:

@@ -1,4 +1,4 @@
-"""Gym servers for the sec-client regression tests, started in a child process by ``sec_client_support``.
+"""Gym servers for the client security regression tests, started in a child process by ``relay_support``.
 
 ``RelayServer`` calls an upstream named in its own config (``upstream_url``) and re-raises the upstream's
 failure as its own (the hop a hostile peer's report crosses); ``GET /big`` fails with a chain far larger
@@ -17,7 +17,7 @@ from gym_obs.failures.event import NgFailureEvent
 from gym_obs.server import SimpleServer
 from gym_obs.telemetry.logging import get_logger
 
-_log = get_logger("tests.sec_client_apps")
+_log = get_logger("tests.relay_apps")
 
 
 class RelayServer(SimpleServer):
@@ -67,7 +67,7 @@ class RelayServer(SimpleServer):
 RELAY_SCRIPT = """
     import json, sys
     from gym_obs.config import parse_global_config
-    from tests.integration.sec_client_apps import RelayServer
+    from tests.integration.relay_apps import RelayServer
     config = parse_global_config(json.loads(sys.argv[1]), source="test")
     RelayServer("relay", config).run_webserver()
 """

@@ -19,7 +19,7 @@ from gym_obs.client.http_client import (
     request,
 )
 from gym_obs.telemetry import names
-from tests.integration.sec_client_support import raw_sink, start_script
+from tests.integration.relay_support import raw_sink, start_script
 
 pytestmark = pytest.mark.integration
 

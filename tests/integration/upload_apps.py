@@ -1,6 +1,6 @@
 """Servers for the denial-of-service regression tests (imported by launched children via ``entrypoint``).
 
-No tests here: the file is named like its tests so that it stays with them.
+No tests here (the name does not start with test_, so pytest does not collect it).
 """
 
 from __future__ import annotations
