@@ -129,7 +129,14 @@ def add_harness_parser(subparsers: Any) -> None:
         metavar="P",
         help="every process also serves /metrics on P + index (driver P, then each server)",
     )
-    run.add_argument("--out", type=Path, default=Path("harness-out"), help="output directory")
+    run.add_argument(
+        "--out",
+        type=Path,
+        default=Path("harness-out"),
+        metavar="DIR",
+        help="folder of runs: each run writes DIR/<run-id>/ and DIR/latest points at the newest "
+        "(default harness-out)",
+    )
     run.add_argument(
         "--port-base",
         type=_port,
@@ -233,8 +240,14 @@ def _run(args: argparse.Namespace) -> int:
             linger_s=args.linger,
             report=not args.no_report,
         )
-        run_harness(options)
+        summary = run_harness(options)
     except (HarnessError, FaultPlanError) as exc:
         print(f"gym-obs harness: error: {exc}", file=sys.stderr)
         return EXIT_HARNESS_ERROR
+    if summary.get("partial"):
+        print(
+            f"gym-obs harness: interrupted; partial summary in {summary['out_dir']}/summary.json",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
     return 0
