@@ -34,7 +34,7 @@ def _env() -> dict[str, str]:
 
 
 def _rows(out: Path) -> list[dict[str, Any]]:
-    path = out / "rollouts.jsonl"
+    path = out / "latest" / "rollouts.jsonl"
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
@@ -165,9 +165,9 @@ def test_hangs_are_bounded_failure_rows(tmp_path: Path) -> None:
     assert roots == {("agent_timeout", "harness"), ("transport_timeout", "model")}, roots
     for row in rows:
         assert row["_ng_failure_id"] in row["_ng_failure_events"] and row["trace_id"]
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((out / "latest" / "summary.json").read_text())
     assert summary["retries"]["by_reason"].get(names.RETRY_REASON_TIMEOUT, 0) > 0
-    _check_telemetry_files(out / "telemetry")
+    _check_telemetry_files(out / "latest" / "telemetry")
 
 
 def _check_telemetry_files(directory: Path) -> None:

@@ -1,4 +1,4 @@
-"""Ctrl-C during a real ``gym-obs harness run``: rows kept, a partial summary printed and written, no traceback."""
+"""Ctrl-C during a real ``gym-obs harness run``: rows kept, a partial summary printed and written."""
 
 from __future__ import annotations
 

@@ -148,7 +148,7 @@ def test_kill_9_of_the_harness_takes_every_server_with_it(tmp_path: Path) -> Non
     process = harness(out, 100_000)
     children: set[int] = set()
     try:
-        rows = out / "rollouts.jsonl"
+        rows = out / "latest" / "rollouts.jsonl"
         _wait(lambda: rows.exists() and rows.stat().st_size > 0, 120, "the first rows")
         children = _descendants(process.pid)
         assert len(children) >= 4  # head, agent, model, resources
