@@ -49,7 +49,7 @@ from gym_obs.harness.stack import (
 from gym_obs.harness.summary import build_summary, render_summary, write_summary
 from gym_obs.harness.tally import RunTally
 from gym_obs.harness.telemetry_files import read_metric_totals
-from gym_obs.server.launcher import Launch, LaunchError, ServerStartupError, launch
+from gym_obs.server.launcher import Launch, LaunchError, ServerStartupError, launch, output_console
 from gym_obs.telemetry import names
 from gym_obs.telemetry.logging import configure_logging
 from gym_obs.telemetry.metrics import instruments_for
@@ -310,8 +310,8 @@ def _write_config(layout: StackLayout, out: Path) -> None:
 
 def run_harness(options: HarnessOptions, console: Console | None = None) -> dict[str, Any]:
     """Run the harness and return the summary; raises ``HarnessError`` when it could not run."""
-    console = console or Console()
-    err_console = Console(stderr=True)
+    console = console or output_console()
+    err_console = output_console(stderr=True)
     requested = options.out
     parent = requested.resolve()
     options = dataclasses.replace(options, out=_run_folder(parent, options.run_id))
