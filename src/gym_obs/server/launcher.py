@@ -205,7 +205,8 @@ class Launch:
             time.sleep(_POLL_S)
 
     def start(self, env: Mapping[str, str], ready_timeout_s: float | None) -> None:
-        self.head = self._spawn(HEAD_SERVER_NAME, HEAD_SERVER_NAME, self.head_url, ["--head"], env)
+        head_env = {**env, names.ENV_SERVER_NAME: HEAD_SERVER_NAME}  # its name on every log line
+        self.head = self._spawn(HEAD_SERVER_NAME, HEAD_SERVER_NAME, self.head_url, ["--head"], head_env)
         self._wait_ready_head()
         for name, server in self.config.servers.items():
             url = server_base_url(server.host, server.port)
