@@ -233,19 +233,20 @@ async def _drive(
     loop = asyncio.get_running_loop()
     started = time.perf_counter()
     ticker = asyncio.create_task(log_progress())
-    try:
-        with _stop_on_signals(lambda: loop.call_soon_threadsafe(stop.set)):
+    # Until the loop is done, a signal only sets ``stop`` (a second Ctrl-C changes nothing).
+    with _stop_on_signals(lambda: loop.call_soon_threadsafe(stop.set)):
+        try:
             tally = await driver.run(options.rollouts, options.concurrency, on_result, stop)
-        wall = time.perf_counter() - started
-        _log.info("%s", progress.status())
-        if stop.is_set():
-            _log.warning("run stopped early: %d rollouts in flight were cancelled", driver.cancelled)
-        injected = await _injected(client, list(layout.config.servers))
-    finally:
-        ticker.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await ticker
-        await close_global_aiohttp_client()
+            wall = time.perf_counter() - started
+            _log.info("%s", progress.status())
+            if stop.is_set():
+                _log.warning("run stopped early: %d rollouts in flight were cancelled", driver.cancelled)
+            injected = await _injected(client, list(layout.config.servers))
+        finally:
+            ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await ticker
+            await close_global_aiohttp_client()
     return _Driven(tally, injected, wall, stopped=stop.is_set(), cancelled=driver.cancelled)
 
 
