@@ -164,4 +164,4 @@ def test_kill_9_of_the_harness_takes_every_server_with_it(tmp_path: Path) -> Non
     again = harness(tmp_path / "again", 8)
     _, stderr = again.communicate(timeout=180)
     assert again.returncode == 0, stderr[-3000:]
-    assert json.loads((tmp_path / "again" / "summary.json").read_text())["rollouts"] == 8
+    assert json.loads((tmp_path / "again" / "latest" / "summary.json").read_text())["rollouts"] == 8
