@@ -31,18 +31,23 @@ from pathlib import Path
 from typing import Any
 
 VARIANTS = ("off", "file", "otlp")
-_COLLECTOR_GRPC, _COLLECTOR_HTTP = 25111, 25112
-_PORT_BASE = 25600
+_PORT_BASE = 25600  # head server; its servers take the next ports
+_COLLECTOR_OFFSET = 20  # the collector listens on base + 20 (gRPC) and base + 21 (HTTP)
 
 
-def _start_collector(workdir: Path) -> subprocess.Popen[bytes]:
+def _collector_ports(port_base: int) -> tuple[int, int]:
+    return port_base + _COLLECTOR_OFFSET, port_base + _COLLECTOR_OFFSET + 1
+
+
+def _start_collector(workdir: Path, port_base: int) -> subprocess.Popen[bytes]:
     import rotel
 
+    grpc_port, http_port = _collector_ports(port_base)
     agent = Path(rotel.__file__).parent / "rotel-agent"
     command = [
         str(agent), "start",
-        "--otlp-grpc-endpoint", f"127.0.0.1:{_COLLECTOR_GRPC}",
-        "--otlp-http-endpoint", f"127.0.0.1:{_COLLECTOR_HTTP}",
+        "--otlp-grpc-endpoint", f"127.0.0.1:{grpc_port}",
+        "--otlp-http-endpoint", f"127.0.0.1:{http_port}",
         "--exporter", "blackhole",
         "--pid-file", str(workdir / "rotel.pid"),
         "--log-file", str(workdir / "rotel.log"),
@@ -53,7 +58,7 @@ def _start_collector(workdir: Path) -> subprocess.Popen[bytes]:
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", _COLLECTOR_HTTP)) == 0:
+            if sock.connect_ex(("127.0.0.1", http_port)) == 0:
                 return process
         if process.poll() is not None:
             break
@@ -67,17 +72,17 @@ def _run(variant: str, out: Path, args: argparse.Namespace) -> dict[str, Any]:
         sys.executable, "-m", "gym_obs.cli", "harness", "run", "--out", str(out),
         "--rollouts", str(args.rollouts), "--concurrency", str(args.concurrency),
         "--model-latency-ms", str(args.model_latency_ms), "--latency-distribution", args.latency_distribution,
-        "--port-base", str(_PORT_BASE), "--seed", "1",
+        "--port-base", str(args.port_base), "--seed", "1",
     ]  # fmt: skip
     if variant == "off":
         command.append("--no-telemetry")
     elif variant == "otlp":
-        command += ["--otlp-endpoint", f"http://127.0.0.1:{_COLLECTOR_HTTP}"]
+        command += ["--otlp-endpoint", f"http://127.0.0.1:{_collector_ports(args.port_base)[1]}"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     if done.returncode != 0:
         raise SystemExit(f"harness run ({variant}) failed:\n{done.stderr[-3000:]}")
-    summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
+    summary: dict[str, Any] = json.loads((out / "latest" / "summary.json").read_text())  # the run's folder
     return summary
 
 
@@ -89,6 +94,13 @@ def main() -> int:
     parser.add_argument("--model-latency-ms", type=float, default=50.0)
     parser.add_argument("--latency-distribution", default="constant")
     parser.add_argument("--stress", action="store_true", help="the harness default load (CPU-bound)")
+    parser.add_argument(
+        "--port-base",
+        type=int,
+        default=_PORT_BASE,
+        help=f"head server port; the servers use the next ports, the collector base+{_COLLECTOR_OFFSET} "
+        f"and base+{_COLLECTOR_OFFSET + 1} (default {_PORT_BASE})",
+    )
     args = parser.parse_args()
     if args.stress:
         args.concurrency, args.model_latency_ms, args.latency_distribution = 32, 10.0, "lognormal"
@@ -96,7 +108,7 @@ def main() -> int:
     results: dict[str, list[dict[str, float]]] = {variant: [] for variant in VARIANTS}
     with tempfile.TemporaryDirectory(prefix="gym-obs-bench-") as tmp:
         workdir = Path(tmp)
-        collector = _start_collector(workdir)
+        collector = _start_collector(workdir, args.port_base)
         try:
             for round_index in range(args.rounds):
                 # rotate the order so no variant always runs first (cold caches) or last

@@ -185,12 +185,12 @@ def _cpu_seconds(pid: int) -> float:
 
 
 @contextlib.contextmanager
-def _servers() -> Iterator[dict[str, tuple[subprocess.Popen[bytes], int]]]:
+def _servers(port_base: int = _BASE_PORT) -> Iterator[dict[str, tuple[subprocess.Popen[bytes], int]]]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(_SRC), os.environ.get("PYTHONPATH", "")])}
     running: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
     try:
         for index, variant in enumerate(VARIANTS):
-            port = _BASE_PORT + index
+            port = port_base + index
             process = subprocess.Popen(
                 [sys.executable, __file__, "--serve", variant, "--port", str(port)],
                 env=env,
@@ -243,6 +243,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    parser.add_argument(
+        "--port-base",
+        type=int,
+        default=_BASE_PORT,
+        help=f"the servers listen on base + 0..{len(VARIANTS) - 1}, one per variant (default {_BASE_PORT})",
+    )
     parser.add_argument("--serve", choices=VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--load", help=argparse.SUPPRESS)
@@ -255,7 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
     per_request: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
-    with _servers() as running:
+    with _servers(args.port_base) as running:
         for process, port in running.values():  # warm-up: imports, first-request paths, pools
             _drive(port, max(500, args.requests // 5), args.concurrency)
             del process

@@ -169,9 +169,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_LEAF_PARSER = "_gym_obs_command_parser"
+
+
+def _mark_leaves(parser: argparse.ArgumentParser) -> None:
+    """Each command's own parser is recorded in the namespace, so an unknown option is reported with that
+    command's usage (``gym-obs harness run --bogus``), not the top-level one."""
+    subcommands = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subcommands:
+        parser.set_defaults(**{_LEAF_PARSER: parser})
+    for action in subcommands:
+        for child in action.choices.values():
+            _mark_leaves(child)
+
+
+def _reject_unknown(parser: argparse.ArgumentParser, extras: list[str]) -> int:
+    parser.print_usage(sys.stderr)
+    parser.exit(2, f"{parser.prog}: error: unrecognized arguments: {' '.join(extras)}\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    _mark_leaves(parser)
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        return _reject_unknown(getattr(args, _LEAF_PARSER, parser), extras)
     handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()

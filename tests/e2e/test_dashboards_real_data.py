@@ -227,7 +227,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveRun]:
         sys.executable, "-m", "gym_obs.cli", "harness", "run", "--out", str(out), "--faults", str(plan),
         f"--port-base={PORT_BASE}", f"--prometheus-port-base={METRICS_PORT_BASE}", *RUN_ARGS,
     ]  # fmt: skip
-    targets = out / "prometheus_targets.json"
+    targets = out / "latest" / "prometheus_targets.json"
     with run_prometheus({}, work, listen=PROMETHEUS_LISTEN, file_sd=[targets]) as url:
         api = PrometheusAPI(url)
         started = time.time()
@@ -240,7 +240,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveRun]:
         finally:
             returncode = _stop_harness(process)
     assert returncode == 0, _output(out)
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((out / "latest" / "summary.json").read_text())
     assert summary["rollouts"] == ROLLOUTS
     assert _summary_totals(summary) == final
 
@@ -257,7 +257,7 @@ def committed() -> dict[str, dict[str, Any]]:
 
 
 def test_prometheus_scrapes_every_process_with_job_as_service_name(live: LiveRun) -> None:
-    targets = json.loads((live.out / "prometheus_targets.json").read_text())
+    targets = json.loads((live.out / "latest" / "prometheus_targets.json").read_text())
     assert {group["labels"]["job"] for group in targets} == SERVICES
     active = PrometheusAPI(live.url).call("/api/v1/targets", [("state", "active")], post=False)
     assert {(t["labels"]["job"], t["health"]) for t in active["activeTargets"]} == {

@@ -52,8 +52,8 @@ def _run(tmp_path: Path, *args: str) -> tuple[dict[str, Any], list[dict[str, Any
     done = subprocess.run(_command(out, *args), capture_output=True, text=True, timeout=300, env=_env())
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
-    summary = json.loads((out / "summary.json").read_text())
-    rows = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    summary = json.loads((out / "latest" / "summary.json").read_text())
+    rows = [json.loads(line) for line in (out / "latest" / "rollouts.jsonl").read_text().splitlines()]
     return summary, rows
 
 
@@ -116,7 +116,7 @@ def test_sigkill_keeps_every_row_the_run_reported_finished(tmp_path: Path) -> No
     )
     children: set[int] = set()
     try:
-        log = out / "logs" / "harness.log"
+        log = out / "latest" / "logs" / "harness.log"
         _wait(lambda: bool(_reported_done(log)), 120, "the first progress line")
         children = _descendants(process.pid)
         _wait(lambda: _injected(32001).get("hang", 0) >= 4, 120, "every worker stuck on a hang")
@@ -134,7 +134,7 @@ def test_sigkill_keeps_every_row_the_run_reported_finished(tmp_path: Path) -> No
         for pid in children:
             if _alive(pid):
                 _wait(lambda pid=pid: not _alive(pid), 30, f"child {pid} to die with the harness")
-    lines = (out / "rollouts.jsonl").read_bytes().split(b"\n")
+    lines = (out / "latest" / "rollouts.jsonl").read_bytes().split(b"\n")
     assert lines[-1] == b""  # no partial line
     rows = [json.loads(line) for line in lines[:-1]]
     assert len(rows) == reported[-1] > 0
@@ -178,7 +178,7 @@ def test_success_rows_record_the_failures_their_agent_recovered_from(tmp_path: P
     assert injected > 0 and successes
     # the agent's own CLIENT spans: one failed-attempt event per dropped model call, by rollout
     attempts: Counter[str] = Counter()
-    for span in iter_spans(tmp_path / "out" / "telemetry"):
+    for span in iter_spans(tmp_path / "out" / "latest" / "telemetry"):
         rollout = span["attributes"].get(names.ATTR_ROLLOUT_ID)
         if span["service"] == names.SERVICE_NAME_PREFIX + "agent_0" and rollout:
             attempts[rollout] += sum(e["name"] == names.SPAN_EVENT_ATTEMPT_FAILED for e in span["events"])

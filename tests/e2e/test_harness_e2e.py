@@ -44,7 +44,7 @@ def write_plan(path: Path, *rules: dict[str, Any]) -> Path:
 
 
 def read_rows(out: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    return [json.loads(line) for line in (out / "latest" / "rollouts.jsonl").read_text().splitlines()]
 
 
 def service_of(span: dict[str, Any]) -> str:
@@ -134,7 +134,7 @@ def test_rollouts_through_a_real_collector(tmp_path: Path) -> None:
         )
         assert done.returncode == 0, done.stderr[-3000:]
         rows = read_rows(out)
-        summary = json.loads((out / "summary.json").read_text())
+        summary = json.loads((out / "latest" / "summary.json").read_text())
         wanted = {r["trace_id"] for r in rows if r["outcome"] == names.ROLLOUT_OUTCOME_SUCCESS}
 
         def complete(got: list[dict[str, Any]]) -> bool:
@@ -236,7 +236,7 @@ def test_collector_outage_completes_the_run(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     assert time.monotonic() - started < 60
     rows = read_rows(out)
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((out / "latest" / "summary.json").read_text())
     failed = [r for r in rows if r["outcome"] != names.ROLLOUT_OUTCOME_SUCCESS]
     # every rollout without an injected fault completed
     assert len(rows) == 60
@@ -244,7 +244,7 @@ def test_collector_outage_completes_the_run(tmp_path: Path) -> None:
     assert all(r["root_cause"]["foreign_cause"] == "KeyError" for r in failed)
     # each process logged the export problem once (per signal), not once per batch
     for process in ("harness", "agent_0", "model_0", "resources_0"):
-        log = (out / "logs" / f"{process}.log").read_text()
+        log = (out / "latest" / "logs" / f"{process}.log").read_text()
         span_problems = [line for line in log.splitlines() if "span export to" in line and "failed" in line]
         metric_problems = [
             line for line in log.splitlines() if "metric export to" in line and "failed" in line
@@ -286,17 +286,17 @@ def test_embedded_default_with_every_fault(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     rows = read_rows(out)
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((out / "latest" / "summary.json").read_text())
     assert len(rows) == 80
     injected = summary["faults_injected"]
     assert set(injected["model_0"]) >= {"huge_body", "bad_failure_report", "disconnect_mid_body", "status"}
 
     # embedded default: every process wrote OTLP JSON lines; the traces are complete
-    files = sorted(p.name for p in (out / "telemetry").iterdir())
+    files = sorted(p.name for p in (out / "latest" / "telemetry").iterdir())
     for service in ("harness", "agent_0", "model_0", "resources_0"):
         assert any(f.startswith(f"gym_{service}-") and f.endswith(".traces.jsonl") for f in files), files
         assert any(f.startswith(f"gym_{service}-") and f.endswith(".metrics.jsonl") for f in files), files
-    spans = list(iter_spans(out / "telemetry"))
+    spans = list(iter_spans(out / "latest" / "telemetry"))
     traces = traces_by_id(spans)
     successes = [r for r in rows if r["outcome"] == names.ROLLOUT_OUTCOME_SUCCESS]
     assert successes
@@ -358,7 +358,7 @@ def test_prometheus_endpoints_per_process(tmp_path: Path) -> None:
     ]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        targets_path = out / "prometheus_targets.json"
+        targets_path = out / "latest" / "prometheus_targets.json"
         deadline = time.monotonic() + 30
         while not targets_path.exists() and time.monotonic() < deadline:
             time.sleep(0.1)

@@ -140,13 +140,14 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
         "7",
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    with (out / "rollouts.jsonl").open("a") as rows:
+    with (out / "latest" / "rollouts.jsonl").open("a") as rows:
         rows.write(json.dumps(_hostile_row()) + "\n")
-    with (out / "telemetry" / "gym_peer-1.traces.jsonl").open("w") as traces:
+    with (out / "latest" / "telemetry" / "gym_peer-1.traces.jsonl").open("w") as traces:
         traces.write(_hostile_spans_line() + "\n")
     report = _cli("report", str(out))
     assert report.returncode == 0, report.stderr
-    rows_read = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    rows_text = (out / "latest" / "rollouts.jsonl").read_text()
+    rows_read = [json.loads(line) for line in rows_text.splitlines()]
     return Run(out=out, report=Path(report.stdout.strip()), rows=rows_read)
 
 
@@ -325,7 +326,7 @@ def test_every_section_is_present(loaded: Loaded) -> None:
 
 
 def test_each_waterfall_has_the_spans_of_its_trace(loaded: Loaded, run: Run) -> None:
-    by_trace = _spans_by_trace(run.out / "telemetry")
+    by_trace = _spans_by_trace(run.out / "latest" / "telemetry")
     traces = loaded.checks["traces"]
     assert len(traces) >= 5
     for trace in traces:
@@ -361,7 +362,7 @@ def test_explain_tells_the_story_of_a_failed_rollout(run: Run) -> None:
         event_id = events[event_id].get("cause_id")
     assert [link["kind"] or link["exception_type"] for link in doc["failure_chain"]] == expected
     assert expected[-1] == "ZeroDivisionError"
-    clients = _spans_by_trace(run.out / "telemetry", kind=3)[row["trace_id"]]  # CLIENT spans
+    clients = _spans_by_trace(run.out / "latest" / "telemetry", kind=3)[row["trace_id"]]  # CLIENT spans
     assert sorted(h["name"] for h in doc["hops"]) == sorted(clients)
     assert {h["destination"] for h in doc["hops"]} == {"agent_0", "model_0", "resources_0"}
     assert doc["report"] == f"{run.report}#trace-{row['trace_id']}" and doc["report_exists"]

@@ -34,7 +34,7 @@ def _run(out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
 def test_every_run_writes_its_report_and_prints_the_path(tmp_path: Path) -> None:
     result = _run(tmp_path / "out")
     assert result.returncode == 0, result.stderr[-2000:]
-    report = tmp_path / "out" / "report.html"
+    report = (tmp_path / "out" / "latest").resolve() / "report.html"  # the run's own folder
     assert f"report: {report}" in result.stdout
     page = report.read_text()
     assert page.startswith("<!DOCTYPE html>") and '<section id="summary">' in page
@@ -43,5 +43,5 @@ def test_every_run_writes_its_report_and_prints_the_path(tmp_path: Path) -> None
 def test_no_report_skips_it(tmp_path: Path) -> None:
     result = _run(tmp_path / "out", "--no-report")
     assert result.returncode == 0, result.stderr[-2000:]
-    assert not (tmp_path / "out" / "report.html").exists()
+    assert not (tmp_path / "out" / "latest" / "report.html").exists()
     assert "report:" not in result.stdout

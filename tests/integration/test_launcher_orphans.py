@@ -148,7 +148,7 @@ def test_kill_9_of_the_harness_takes_every_server_with_it(tmp_path: Path) -> Non
     process = harness(out, 100_000)
     children: set[int] = set()
     try:
-        rows = out / "rollouts.jsonl"
+        rows = out / "latest" / "rollouts.jsonl"
         _wait(lambda: rows.exists() and rows.stat().st_size > 0, 120, "the first rows")
         children = _descendants(process.pid)
         assert len(children) >= 4  # head, agent, model, resources
@@ -164,4 +164,4 @@ def test_kill_9_of_the_harness_takes_every_server_with_it(tmp_path: Path) -> Non
     again = harness(tmp_path / "again", 8)
     _, stderr = again.communicate(timeout=180)
     assert again.returncode == 0, stderr[-3000:]
-    assert json.loads((tmp_path / "again" / "summary.json").read_text())["rollouts"] == 8
+    assert json.loads((tmp_path / "again" / "latest" / "summary.json").read_text())["rollouts"] == 8

@@ -112,24 +112,38 @@ def add_harness_parser(subparsers: Any) -> None:
         help="start agent/model/resources servers, run rollouts, summarise the telemetry",
         description="Start a demo rollout system on the gym_obs runtime, drive concurrent rollouts through "
         "it (optionally with injected faults) and summarise what the telemetry saw. Without "
-        "--otlp-endpoint every process writes OTLP JSON lines under OUT/telemetry/.",
+        "--otlp-endpoint every process writes OTLP JSON lines under OUT/<run-id>/telemetry/.",
     )
     run.add_argument("--rollouts", type=_positive, default=200, help="rollouts to run (default 200)")
     run.add_argument("--concurrency", type=_positive, default=32, help="rollouts in flight (default 32)")
     run.add_argument("--agents", type=_server_count, default=1, help="agent servers (default 1)")
     run.add_argument("--models", type=_server_count, default=1, help="model servers (default 1)")
     run.add_argument("--resources", type=_server_count, default=1, help="resources servers (default 1)")
-    run.add_argument("--faults", type=Path, metavar="PLAN.yaml", help="fault plan to inject")
     run.add_argument(
-        "--otlp-endpoint", type=_otlp_url, metavar="URL", help="send spans and metrics to this OTLP collector"
+        "--faults", type=Path, metavar="PLAN.yaml", help="fault plan to inject (default: none, no faults)"
+    )
+    run.add_argument(
+        "--otlp-endpoint",
+        type=_otlp_url,
+        metavar="URL",
+        help="send spans and metrics to this OTLP collector (default: none, every process writes OTLP "
+        "JSON lines under the run's telemetry/ folder)",
     )
     run.add_argument(
         "--prometheus-port-base",
         type=_port,
         metavar="P",
-        help="every process also serves /metrics on P + index (driver P, then each server)",
+        help="every process also serves /metrics on P + index (driver P, then each server; "
+        "default: none, no /metrics)",
     )
-    run.add_argument("--out", type=Path, default=Path("harness-out"), help="output directory")
+    run.add_argument(
+        "--out",
+        type=Path,
+        default=Path("harness-out"),
+        metavar="DIR",
+        help="folder of runs: each run writes DIR/<run-id>/ and DIR/latest points at the newest "
+        "(default harness-out)",
+    )
     run.add_argument(
         "--port-base",
         type=_port,
@@ -137,7 +151,9 @@ def add_harness_parser(subparsers: Any) -> None:
         help="head server port; servers listen on the following ports (default 11000)",
     )
     run.add_argument("--host", default="127.0.0.1", help="address every process binds (default 127.0.0.1)")
-    run.add_argument("--no-telemetry", action="store_true", help="run with telemetry off (a baseline)")
+    run.add_argument(
+        "--no-telemetry", action="store_true", help="run with telemetry off (a baseline; default: on)"
+    )
     run.add_argument(
         "--model-latency-ms", type=_latency_ms, default=10.0, help="median model latency (default 10)"
     )
@@ -145,6 +161,7 @@ def add_harness_parser(subparsers: Any) -> None:
         "--latency-distribution",
         choices=["constant", "uniform", "exponential", "lognormal"],
         default="lognormal",
+        help="how model latencies are drawn around the median (default lognormal)",
     )
     run.add_argument("--turns", type=_positive, default=3, help="model turns per rollout (default 3)")
     run.add_argument(
@@ -157,7 +174,11 @@ def add_harness_parser(subparsers: Any) -> None:
         help="timeout of each agent -> model/resources call; a hung call fails after it (default 5, "
         "10 when the model latency is large)",
     )
-    run.add_argument("--seed", type=_integer, help="seed for latencies and fault coin flips")
+    run.add_argument(
+        "--seed",
+        type=_integer,
+        help="seed for latencies and fault coin flips (default: none, a new draw each run)",
+    )
     run.add_argument(
         "--pool-limit-per-host",
         type=_positive,
@@ -174,7 +195,9 @@ def add_harness_parser(subparsers: Any) -> None:
         "so Prometheus can scrape the final values (Ctrl-C or SIGTERM ends the wait early; default 0)",
     )
     run.add_argument(
-        "--no-report", action="store_true", help="do not write OUT/report.html at the end of the run"
+        "--no-report",
+        action="store_true",
+        help="do not write the run's report.html at the end of the run (default: written)",
     )
     run.set_defaults(handler=harness_run)
 
@@ -233,8 +256,14 @@ def _run(args: argparse.Namespace) -> int:
             linger_s=args.linger,
             report=not args.no_report,
         )
-        run_harness(options)
+        summary = run_harness(options)
     except (HarnessError, FaultPlanError) as exc:
         print(f"gym-obs harness: error: {exc}", file=sys.stderr)
         return EXIT_HARNESS_ERROR
+    if summary.get("partial"):
+        print(
+            f"gym-obs harness: interrupted; partial summary in {summary['out_dir']}/summary.json",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
     return 0

@@ -49,6 +49,7 @@ class Driver:
     rollout_timeout_s: float
     tracer: Tracer | None = None
     instruments: Instruments | None = None
+    cancelled: int = 0  # rollouts in flight when the run was stopped
 
     @contextlib.contextmanager
     def _span(self, rollout_id: str) -> Iterator[Span | None]:
@@ -136,18 +137,48 @@ class Driver:
         return failure
 
     async def run(
-        self, rollouts: int, concurrency: int, on_result: Callable[[RolloutResult], None]
+        self,
+        rollouts: int,
+        concurrency: int,
+        on_result: Callable[[RolloutResult], None],
+        stop: asyncio.Event | None = None,
     ) -> RunTally:
         """Run every rollout; ``on_result`` sees each result as it finishes (rows, progress bar) before the
-        worker awaits its next rollout. Results are folded into a :class:`RunTally`, never kept."""
+        worker awaits its next rollout. Results are folded into a :class:`RunTally`, never kept.
+
+        When ``stop`` is set (Ctrl-C), no new rollout starts and the ones in flight are cancelled: their
+        count is ``self.cancelled``; every finished rollout keeps its row and its place in the tally.
+        """
         tally = RunTally()
         counter = itertools.count()
+        in_flight = 0
 
         async def worker() -> None:
-            while (index := next(counter)) < rollouts:
-                result = await self.rollout(index)
+            nonlocal in_flight
+            while (index := next(counter)) < rollouts and not (stop is not None and stop.is_set()):
+                in_flight += 1
+                try:
+                    result = await self.rollout(index)
+                finally:
+                    in_flight -= 1
                 on_result(result)
                 tally.add(result)
 
-        await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, rollouts)))))
+        workers = asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, rollouts)))))
+        if stop is None:
+            await workers
+            return tally
+        stopped: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
+        pending: set[asyncio.Future[Any]] = {workers, stopped}
+        try:
+            await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+        if workers.done():
+            workers.result()  # a worker's own error (a row that could not be written) ends the run
+            return tally
+        self.cancelled = in_flight
+        workers.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await workers
         return tally

@@ -34,8 +34,10 @@ from gym_obs.telemetry.names import FAILURE_REPORT_HEADER
 __all__ = [
     "CONTROL_PATH",
     "MALFORMED_BODIES",
+    "ControlRoute",
     "FaultMiddleware",
     "raise_injected_fault",
+    "serve_control",
 ]
 
 Scope = MutableMapping[str, Any]
@@ -180,36 +182,60 @@ class FaultMiddleware:
         await send({"type": "http.response.body", "body": body})
 
     async def _control(self, scope: Scope, receive: Receive, send: Send) -> None:
-        method = scope["method"]
-        if method == "GET":
-            await _send_json(send, 200, self._describe())
-        elif method == "DELETE":
-            self.selector.set_plan(parse_fault_plan({}))
-            await _send_json(send, 200, self._describe())
-        elif method in ("POST", "PUT"):
-            raw = await _read_body(receive, limit=1024 * 1024)
-            try:
-                data = json.loads(raw or b"{}")
-            except ValueError as exc:
-                await _send_json(send, 422, {"detail": f"fault plan: the body is not JSON ({exc})"})
-                return
-            try:
-                plan = parse_fault_plan(data, source="fault plan")
-            except FaultPlanError as exc:
-                await _send_json(send, 422, {"detail": str(exc)})
-                return
-            self.selector.set_plan(plan)
-            await _send_json(send, 200, self._describe())
-        else:
-            await _send_json(send, 405, {"detail": f"method {method} not allowed on {CONTROL_PATH}"})
+        await serve_control(self.selector, scope, receive, send)
 
-    def _describe(self) -> dict[str, Any]:
-        return {
-            "server": self.selector.server_name,
-            "role": self.selector.role,
-            "plan": self.selector.plan.model_dump(mode="json", exclude_none=True),
-            "injected": self.selector.injected(),
-        }
+
+class ControlRoute:
+    """Serves ``/_gym/faults`` outside the server's telemetry layers (wrap the finished app with it).
+
+    The harness's control calls (reading what was injected, setting a plan) are not workload: inside the
+    instrumented app each made a parentless SERVER span without a route (``GET``) and a request metric.
+    """
+
+    def __init__(self, app: ASGIApp, selector: FaultSelector) -> None:
+        self.app = app
+        self.selector = selector
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == CONTROL_PATH:
+            await serve_control(self.selector, scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def _describe(selector: FaultSelector) -> dict[str, Any]:
+    return {
+        "server": selector.server_name,
+        "role": selector.role,
+        "plan": selector.plan.model_dump(mode="json", exclude_none=True),
+        "injected": selector.injected(),
+    }
+
+
+async def serve_control(selector: FaultSelector, scope: Scope, receive: Receive, send: Send) -> None:
+    """``GET`` the plan and the counts injected, ``POST``/``PUT`` a new plan, ``DELETE`` to clear it."""
+    method = scope["method"]
+    if method == "GET":
+        await _send_json(send, 200, _describe(selector))
+    elif method == "DELETE":
+        selector.set_plan(parse_fault_plan({}))
+        await _send_json(send, 200, _describe(selector))
+    elif method in ("POST", "PUT"):
+        raw = await _read_body(receive, limit=1024 * 1024)
+        try:
+            data = json.loads(raw or b"{}")
+        except ValueError as exc:
+            await _send_json(send, 422, {"detail": f"fault plan: the body is not JSON ({exc})"})
+            return
+        try:
+            plan = parse_fault_plan(data, source="fault plan")
+        except FaultPlanError as exc:
+            await _send_json(send, 422, {"detail": str(exc)})
+            return
+        selector.set_plan(plan)
+        await _send_json(send, 200, _describe(selector))
+    else:
+        await _send_json(send, 405, {"detail": f"method {method} not allowed on {CONTROL_PATH}"})
 
 
 async def _send_json(send: Send, status: int, payload: dict[str, Any]) -> None:

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import resource
+import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +49,7 @@ from gym_obs.harness.stack import (
 from gym_obs.harness.summary import build_summary, render_summary, write_summary
 from gym_obs.harness.tally import RunTally
 from gym_obs.harness.telemetry_files import read_metric_totals
-from gym_obs.server.launcher import Launch, LaunchError, ServerStartupError, launch
+from gym_obs.server.launcher import Launch, LaunchError, ServerStartupError, launch, output_console
 from gym_obs.telemetry import names
 from gym_obs.telemetry.logging import configure_logging
 from gym_obs.telemetry.metrics import instruments_for
@@ -159,13 +163,41 @@ async def _injected(client: ServerClient, servers: list[str]) -> dict[str, dict[
     return counts
 
 
+@dataclass
+class _Driven:
+    """What driving the rollouts produced; ``stopped`` when Ctrl-C/SIGTERM ended it early."""
+
+    tally: RunTally
+    injected: dict[str, dict[str, int]]
+    wall_s: float
+    stopped: bool = False
+    cancelled: int = 0  # rollouts in flight when it was stopped (no row: they did not finish)
+
+
+@contextlib.contextmanager
+def _stop_on_signals(stop: Callable[[], object]) -> Iterator[None]:
+    """While rollouts run, SIGINT/SIGTERM ask the driver to stop instead of raising inside the event
+    loop (which would lose the summary and leave a task's exception unretrieved)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    for signum in previous:
+        signal.signal(signum, lambda _signum, _frame: stop())
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 async def _drive(
     options: HarnessOptions,
     layout: StackLayout,
     handle: TelemetryHandle,
     progress: RunProgress,
     writer: RowWriter,
-) -> tuple[RunTally, dict[str, dict[str, int]], float]:
+) -> _Driven:
     configure_global_aiohttp_client(layout.config.client)
     try:
         client = ServerClient.load_from_global_config(layout.config.head_server)
@@ -197,17 +229,25 @@ async def _drive(
             await asyncio.sleep(_PROGRESS_LOG_S)
             _log.info("%s", progress.status())
 
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
     started = time.perf_counter()
     ticker = asyncio.create_task(log_progress())
-    try:
-        tally = await driver.run(options.rollouts, options.concurrency, on_result)
-        wall = time.perf_counter() - started
-        _log.info("%s", progress.status())
-        injected = await _injected(client, list(layout.config.servers))
-    finally:
-        ticker.cancel()
-        await close_global_aiohttp_client()
-    return tally, injected, wall
+    # Until the loop is done, a signal only sets ``stop`` (a second Ctrl-C changes nothing).
+    with _stop_on_signals(lambda: loop.call_soon_threadsafe(stop.set)):
+        try:
+            tally = await driver.run(options.rollouts, options.concurrency, on_result, stop)
+            wall = time.perf_counter() - started
+            _log.info("%s", progress.status())
+            if stop.is_set():
+                _log.warning("run stopped early: %d rollouts in flight were cancelled", driver.cancelled)
+            injected = await _injected(client, list(layout.config.servers))
+        finally:
+            ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await ticker
+            await close_global_aiohttp_client()
+    return _Driven(tally, injected, wall, stopped=stop.is_set(), cancelled=driver.cancelled)
 
 
 def _linger(seconds: float, console: Console) -> None:
@@ -227,14 +267,41 @@ def _linger(seconds: float, console: Console) -> None:
         console.print("gym-obs harness: stopping")
 
 
-def _prepare_out(out: Path) -> None:
-    """The output directory must be a writable directory; find out before any process starts."""
-    if out.exists() and not out.is_dir():
+LATEST_LINK = "latest"
+
+
+def _run_folder(parent: Path, run_id: str) -> Path:
+    """``parent/<run id>``: each run gets its own folder, so no run appends to an old run's logs or mixes
+    its telemetry files with them (a run id used twice gets ``-2``, ``-3``, ...)."""
+    folder = parent / run_id
+    suffix = 2
+    while folder.exists() or folder.is_symlink():
+        folder = parent / f"{run_id}-{suffix}"
+        suffix += 1
+    return folder
+
+
+def _prepare_out(parent: Path, out: Path) -> None:
+    """Create the run's folder (a writable directory, found out before any process starts) and point
+    ``parent/latest`` at it, so ``gym-obs report`` and ``explain`` find the newest run by default."""
+    if parent.exists() and not parent.is_dir():
         raise NotADirectoryError(20, "it is a file, not a directory")
-    out.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True)
     probe = out / f".gym-obs-write-test-{os.getpid()}"
     probe.write_bytes(b"")
     probe.unlink()
+
+
+def _point_latest(parent: Path, out: Path) -> None:
+    latest = parent / LATEST_LINK
+    if latest.exists() and not latest.is_symlink():
+        _log.warning("%s is not a symlink; left as it is (this run is in %s)", latest, out)
+        return
+    staged = parent / f".{LATEST_LINK}-{os.getpid()}"
+    with contextlib.suppress(FileNotFoundError):
+        staged.unlink()
+    staged.symlink_to(out.name, target_is_directory=True)
+    os.replace(staged, latest)  # atomic: a reader sees the old run or the new one, never no link
 
 
 def _write_config(layout: StackLayout, out: Path) -> None:
@@ -244,25 +311,29 @@ def _write_config(layout: StackLayout, out: Path) -> None:
 
 def run_harness(options: HarnessOptions, console: Console | None = None) -> dict[str, Any]:
     """Run the harness and return the summary; raises ``HarnessError`` when it could not run."""
-    console = console or Console()
-    err_console = Console(stderr=True)
+    console = console or output_console()
+    err_console = output_console(stderr=True)
+    requested = options.out
+    parent = requested.resolve()
+    options = dataclasses.replace(options, out=_run_folder(parent, options.run_id))
     try:
         layout = build_layout(options)
     except (FaultPlanError, ConfigError) as exc:
         raise HarnessError(str(exc)) from None
     check_ports_free(layout)
-    out = options.out.resolve()
+    out = options.out
     log_dir = out / "logs"
     try:
-        _prepare_out(out)
+        _prepare_out(parent, out)
         if options.telemetry:
             options.telemetry_dir.mkdir(parents=True, exist_ok=True)
         _configure_driver_logging(log_dir, err_console)
+        _point_latest(parent, out)
         _write_config(layout, out)
         targets = write_prometheus_targets(layout, out)
     except OSError as exc:
         raise HarnessError(
-            f"--out {options.out}: cannot write the run's output there ({exc.strerror or exc})"
+            f"--out {requested}: cannot write the run's output there ({exc.strerror or exc})"
         ) from None
     handle = setup_telemetry(DRIVER_NAME, DRIVER_NAME, config=layout.driver_telemetry)
     if options.telemetry:  # process gauges are on in the harness: every launched server inherits the switch
@@ -281,9 +352,10 @@ def run_harness(options: HarnessOptions, console: Console | None = None) -> dict
                 RowWriter(out / "rollouts.jsonl") as writer,
                 RunProgress(options.rollouts, err_console) as bar,
             ):
-                tally, injected, wall = asyncio.run(_drive(options, layout, handle, bar, writer))
+                driven = asyncio.run(_drive(options, layout, handle, bar, writer))
             processes = _processes(running, cpu_before)
-            _linger(options.linger_s, err_console)
+            if not driven.stopped:
+                _linger(options.linger_s, err_console)
             # Flush the driver's telemetry while the servers flush theirs: a dead collector costs one
             # export timeout, not two in a row.
             flusher = threading.Thread(target=handle.shutdown, args=(_FLUSH_TIMEOUT_S,), daemon=True)
@@ -294,6 +366,7 @@ def run_harness(options: HarnessOptions, console: Console | None = None) -> dict
     mode = "off" if not options.telemetry else ("otlp" if options.otlp_endpoint else "file")
     run_info: dict[str, Any] = {
         "run_id": options.run_id,
+        "partial": driven.stopped,  # True: stopped early (Ctrl-C, SIGTERM); the counts are what finished
         "out_dir": str(out),
         "concurrency": options.concurrency,
         "servers": {"agents": options.agents, "models": options.models, "resources": options.resources},
@@ -306,13 +379,18 @@ def run_harness(options: HarnessOptions, console: Console | None = None) -> dict
         "processes": processes,
     }
     metrics = read_metric_totals(options.telemetry_dir, run_id=options.run_id) if options.telemetry else None
+    if driven.stopped:
+        run_info["interrupted"] = {
+            "rollouts_planned": options.rollouts,
+            "cancelled_in_flight": driven.cancelled,
+        }
     summary = build_summary(
-        tally,
-        wall_seconds=wall,
+        driven.tally,
+        wall_seconds=driven.wall_s,
         run=run_info,
         metrics=metrics,
         role_of=layout.roles,
-        injected=injected,
+        injected=driven.injected,
     )
     try:
         write_summary(summary, out)

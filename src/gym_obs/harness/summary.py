@@ -139,6 +139,13 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
     head = Table(title="Run", title_justify="left", show_header=False)
     head.add_column("key")
     head.add_column("value")
+    if summary.get("partial"):
+        stopped = summary.get("interrupted", {})
+        head.add_row(
+            "[bold red]PARTIAL[/]",
+            f"stopped early: {summary['rollouts']} of {stopped.get('rollouts_planned', '?')} rollouts "
+            f"finished, {stopped.get('cancelled_in_flight', 0)} in flight cancelled",
+        )
     head.add_row("rollouts", str(summary["rollouts"]))
     for outcome, count in summary["outcomes"].items():
         head.add_row(f"  {outcome}", str(count))

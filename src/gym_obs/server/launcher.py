@@ -34,7 +34,7 @@ import urllib.request
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Final
+from typing import IO, TYPE_CHECKING, Final
 
 import gym_obs
 from gym_obs.client._addresses import server_base_url
@@ -45,13 +45,18 @@ from gym_obs.server.uvicorn import ServerStartupError, validate_forwarded_allow_
 from gym_obs.telemetry import names
 from gym_obs.telemetry.setup import launch_run_id
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
 __all__ = [
     "HEAD_SERVER_NAME",
+    "UNWRAPPED_WIDTH",
     "Launch",
     "LaunchError",
     "LaunchedProcess",
     "ServerStartupError",
     "launch",
+    "output_console",
     "preflight",
     "serve",
 ]
@@ -200,7 +205,8 @@ class Launch:
             time.sleep(_POLL_S)
 
     def start(self, env: Mapping[str, str], ready_timeout_s: float | None) -> None:
-        self.head = self._spawn(HEAD_SERVER_NAME, HEAD_SERVER_NAME, self.head_url, ["--head"], env)
+        head_env = {**env, names.ENV_SERVER_NAME: HEAD_SERVER_NAME}  # its name on every log line
+        self.head = self._spawn(HEAD_SERVER_NAME, HEAD_SERVER_NAME, self.head_url, ["--head"], head_env)
         self._wait_ready_head()
         for name, server in self.config.servers.items():
             url = server_base_url(server.host, server.port)
@@ -373,8 +379,23 @@ def launch(
 # --- the `gym-obs serve` command ---------------------------------------------------------------------------
 
 
+#: The width of a console that is not a terminal: a file or a pipe has no columns to fit, and a table cut
+#: to rich's default 80 would fold every path and URL in it.
+UNWRAPPED_WIDTH: Final = 10_000
+
+
+def output_console(*, stderr: bool = False) -> Console:
+    """A rich console for tables: the terminal's width on a terminal; otherwise ``COLUMNS`` when set, else
+    wide enough that no line is cut (``gym-obs serve > file``, a harness run in CI)."""
+    from rich.console import Console as _Console
+
+    console = _Console(stderr=stderr)
+    if not console.is_terminal and not os.environ.get("COLUMNS", "").strip():
+        console.width = UNWRAPPED_WIDTH
+    return console
+
+
 def _print_table(running: Launch) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title="gym_obs servers", title_justify="left")
@@ -384,7 +405,7 @@ def _print_table(running: Launch) -> None:
         table.add_row(
             proc.name, proc.server_type, proc.url, str(proc.pid), str(proc.num_workers), str(proc.log_path)
         )
-    console = Console(stderr=False)
+    console = output_console()
     console.print(table)
     console.print("All servers are ready. Press Ctrl-C to stop them.")
 

@@ -8,9 +8,11 @@ SDK's own per-batch failure messages are deduplicated.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Generic, TypeVar
 
@@ -40,15 +42,37 @@ _NOISY_LOGGERS: Final = (
 )
 
 
-class _OncePerMessage(logging.Filter):
-    """Let each distinct message template through once; later repeats are dropped."""
+class _SdkExportLines(logging.Filter):
+    """The SDK's own export lines (``Transient error ... retrying in 0.84s``, ``Failed to export spans batch
+    ...``) are collapsed into gym_obs's one line per signal: while a gym wrapper exports on this thread they
+    are captured, not logged, and the wrapper's line names the first one as the reason. Outside an export
+    (configuration warnings), each distinct message template passes once."""
+
+    _MAX_CAPTURED: Final = 4
 
     def __init__(self) -> None:
-        super().__init__("gym_obs.once")
+        super().__init__("gym_obs.sdk_export_lines")
         self._seen: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
+        self._local = threading.local()
+
+    @contextlib.contextmanager
+    def capturing(self) -> Iterator[list[str]]:
+        captured: list[str] = []
+        previous = getattr(self._local, "captured", None)
+        self._local.captured = captured
+        try:
+            yield captured
+        finally:
+            self._local.captured = previous
 
     def filter(self, record: logging.LogRecord) -> bool:
+        captured: list[str] | None = getattr(self._local, "captured", None)
+        if captured is not None:
+            if len(captured) < self._MAX_CAPTURED:
+                with contextlib.suppress(Exception):
+                    captured.append(record.getMessage())
+            return False
         key = (record.name, str(record.msg))
         with self._lock:
             if key in self._seen:
@@ -57,15 +81,36 @@ class _OncePerMessage(logging.Filter):
         return True
 
 
-_ONCE_FILTER: Final = _OncePerMessage()
+_SDK_LINES: Final = _SdkExportLines()
 
 
 def quiet_sdk_loggers() -> None:
-    """Deduplicate the SDK's per-batch export failure messages (idempotent)."""
+    """Collapse the SDK's per-batch export failure messages into gym_obs's own line (idempotent)."""
     for name in _NOISY_LOGGERS:
         logger = logging.getLogger(name)
-        if _ONCE_FILTER not in logger.filters:
-            logger.addFilter(_ONCE_FILTER)
+        if _SDK_LINES not in logger.filters:
+            logger.addFilter(_SDK_LINES)
+
+
+# The SDK's framing around the cause, in the lines it logs per failed batch (opentelemetry-exporter-otlp).
+_SDK_FRAMING: Final = (
+    re.compile(r"^Transient error (?P<why>.+) encountered while exporting \w+ batch", re.DOTALL),
+    re.compile(r"^Failed to export \w+ batch code: (?P<why>.+)$", re.DOTALL),
+)
+
+
+def _reason(fallback: str, captured: list[str]) -> str:
+    """The SDK's first line says why (``Connection refused``, ``code: 503``), without its framing; else the
+    wrapper's own reason. Never empty."""
+    for line in captured:
+        text = line.strip()
+        for framing in _SDK_FRAMING:
+            if (match := framing.match(text)) is not None:
+                text = match.group("why").strip()
+                break
+        if text and text not in ("[]", "None"):
+            return text
+    return fallback
 
 
 class _FailureLog:
@@ -103,15 +148,16 @@ class SafeSpanExporter(SpanExporter):
         self._log = _FailureLog(what)
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        try:
-            result = self._inner.export(spans)
-        except Exception as exc:
-            self._log.failed(repr(exc))
-            return SpanExportResult.FAILURE
+        with _SDK_LINES.capturing() as captured:
+            try:
+                result = self._inner.export(spans)
+            except Exception as exc:
+                self._log.failed(_reason(repr(exc), captured))
+                return SpanExportResult.FAILURE
         if result is SpanExportResult.SUCCESS:
             self._log.succeeded()
         else:
-            self._log.failed(f"{len(spans)} spans not accepted")
+            self._log.failed(_reason(f"{len(spans)} spans not accepted", captured))
         return result
 
     def shutdown(self) -> None:
@@ -141,15 +187,16 @@ class SafeMetricExporter(MetricExporter):
     def export(
         self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
     ) -> MetricExportResult:
-        try:
-            result = self._inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
-        except Exception as exc:
-            self._log.failed(repr(exc))
-            return MetricExportResult.FAILURE
+        with _SDK_LINES.capturing() as captured:
+            try:
+                result = self._inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+            except Exception as exc:
+                self._log.failed(_reason(repr(exc), captured))
+                return MetricExportResult.FAILURE
         if result is MetricExportResult.SUCCESS:
             self._log.succeeded()
         else:
-            self._log.failed("metrics not accepted")
+            self._log.failed(_reason("metrics not accepted", captured))
         return result
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:

@@ -32,6 +32,20 @@ _MAX_DEPTH: Final = 6
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
 
 
+#: uvicorn passes a copy of each message with ANSI colour codes as ``extra``; a log file wants neither.
+_UVICORN_COLOR_KEY: Final = "color_message"
+#: The server this process runs, as the launcher told it (``GYM_OBS_SERVER_NAME``), read when logging is
+#: configured: lines logged before telemetry is set up (or with telemetry off, or in a uvicorn worker)
+#: still name their server.
+_process_server_name: str | None = None
+
+
+def drop_color_message(_logger: WrappedLogger, _method: str, event_dict: EventDict) -> EventDict:
+    """Drop uvicorn's coloured duplicate of the message (``color_message='...\x1b[36m...'``)."""
+    event_dict.pop(_UVICORN_COLOR_KEY, None)
+    return event_dict
+
+
 def add_telemetry_ids(_logger: WrappedLogger, _method: str, event_dict: EventDict) -> EventDict:
     """Add ``trace_id``, ``span_id``, ``rollout_id`` and ``server_name`` when they are known."""
     trace_id, span_id = current_ids()
@@ -41,8 +55,9 @@ def add_telemetry_ids(_logger: WrappedLogger, _method: str, event_dict: EventDic
     rollout_id = current_rollout_id()
     if rollout_id is not None:
         event_dict.setdefault("rollout_id", rollout_id)
-    if STATE.server_name:
-        event_dict.setdefault("server_name", STATE.server_name)
+    server_name = STATE.server_name or _process_server_name
+    if server_name:
+        event_dict.setdefault("server_name", server_name)
     return event_dict
 
 
@@ -79,6 +94,7 @@ def _shared_processors() -> list[Processor]:
         structlog.stdlib.add_log_level,
         structlog.stdlib.add_logger_name,
         structlog.stdlib.ExtraAdder(),
+        drop_color_message,
         add_telemetry_ids,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
@@ -110,9 +126,11 @@ def configure_logging(json: bool | None = None, level: int | str = logging.INFO)
     ``json`` defaults to ``GYM_OBS_LOG_JSON``. Idempotent: calling again replaces only the handler this
     function installed (other handlers on the root logger, e.g. pytest's, are left alone).
     """
+    global _process_server_name
     use_json = _json_default() if json is None else json
     shared = _shared_processors()
     with _LOCK:
+        _process_server_name = os.environ.get(names.ENV_SERVER_NAME, "").strip() or None
         structlog.configure(
             processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
             logger_factory=structlog.stdlib.LoggerFactory(),

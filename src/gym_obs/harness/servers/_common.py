@@ -23,7 +23,7 @@ from gym_obs.client.http_client import (
 from gym_obs.config import ConfigError
 from gym_obs.failures import NgFailureEvent
 from gym_obs.failures.kinds import Boundary, Stage
-from gym_obs.harness.fault_middleware import FaultMiddleware
+from gym_obs.harness.fault_middleware import ControlRoute, FaultMiddleware
 from gym_obs.harness.faults import FaultSelector, format_validation_error, parse_fault_plan
 from gym_obs.server import SimpleServer
 from gym_obs.telemetry.setup import setup_telemetry
@@ -85,7 +85,7 @@ class HarnessServer(SimpleServer):
             )
             self.telemetry = setup_telemetry(self.server_name, self.server_type, config=config)
         configure_global_aiohttp_client(self.global_config.client)
-        return super().build_app()
+        return ControlRoute(super().build_app(), self.faults)  # control calls: no SERVER span, no metric
 
     def new_app(self) -> FastAPI:
         """A FastAPI app with the fault middleware installed and the client pools closed on shutdown."""
