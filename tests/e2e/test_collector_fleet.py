@@ -212,7 +212,8 @@ def finish(
     finally:
         returncode = _stop_harness(process)
     assert returncode == 0, (work / f"{name}.stderr").read_text()[-3000:]
-    return [json.loads(line) for line in (work / name / "rollouts.jsonl").read_text().splitlines()]
+    rows = (work / name / "latest" / "rollouts.jsonl").read_text().splitlines()  # the run's own folder
+    return [json.loads(line) for line in rows]
 
 
 def kept(jaeger: Jaeger) -> set[str]:
@@ -307,7 +308,7 @@ def run_fleet(tmp_path: Path, report: dict[str, Any]) -> None:
                 ("--rollouts=500", "--concurrency=4", "--seed=12", "--model-latency-ms=40"),
             )
             stack.callback(_stop_harness, run)  # a failure before finish() still stops the run
-            rollouts = tmp_path / "run2" / "rollouts.jsonl"
+            rollouts = tmp_path / "run2" / "latest" / "rollouts.jsonl"
             wait_until(
                 "60 rollouts before the kill",
                 lambda: rollouts.exists() and len(rollouts.read_text().splitlines()) >= 60,

@@ -102,7 +102,8 @@ class Stack:
         return QueryWindow(start=self.started, end=time.time(), scrape_interval_s=SCRAPE_INTERVAL_S)
 
     def rows(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in (self.out / "rollouts.jsonl").read_text().splitlines()]
+        rows = (self.out / "latest" / "rollouts.jsonl").read_text().splitlines()  # the run's own folder
+        return [json.loads(line) for line in rows]
 
 
 def _scalar(api: PrometheusAPI, expr: str) -> float:
@@ -172,7 +173,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         finally:
             returncode = _stop_harness(harness)
     assert returncode == 0, (work / "harness.stderr").read_text()[-3000:]
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((out / "latest" / "summary.json").read_text())
     assert summary["rollouts"] == ROLLOUTS
     assert _summary_totals(summary) == final  # nothing lost or doubled on the way through the collector
 
