@@ -167,9 +167,11 @@ def test_hangs_are_bounded_failure_rows(tmp_path: Path) -> None:
         assert row["_ng_failure_id"] in row["_ng_failure_events"] and row["trace_id"]
     summary = json.loads((out / "latest" / "summary.json").read_text())
     assert summary["retries"]["by_reason"].get(names.RETRY_REASON_TIMEOUT, 0) > 0
-    # Every model call hangs, so no request reaches the resources server: it has no telemetry to write
-    # (the harness's own /_gym/faults calls make no SERVER span there).
-    _check_telemetry_files(out / "latest" / "telemetry", {"gym_harness", "gym_agent_0", "gym_model_0"})
+    # Every model call hangs, so no request reaches the resources server: it writes no span (the harness's
+    # own /_gym/faults calls make no SERVER span there), only its process gauges (on in the harness).
+    telemetry = out / "latest" / "telemetry"
+    _check_telemetry_files(telemetry, {"gym_harness", "gym_agent_0", "gym_model_0", "gym_resources_0"})
+    assert not list(telemetry.glob("gym_resources_0*.traces.jsonl"))
 
 
 def _check_telemetry_files(directory: Path, processes: set[str]) -> None:
