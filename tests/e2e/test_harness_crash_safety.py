@@ -13,7 +13,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from collections import Counter
 from pathlib import Path
@@ -27,6 +26,7 @@ from gym_obs.harness.fault_middleware import MALFORMED_BODIES
 from gym_obs.harness.stats import QuantileSketch, quantile
 from gym_obs.harness.telemetry_files import iter_spans
 from gym_obs.telemetry import names
+from tests.processes import alive, descendants, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -74,36 +74,6 @@ def _injected(port: int) -> dict[str, int]:
     return {str(k): int(v) for k, v in body["injected"].items()}
 
 
-def _descendants(pid: int) -> set[int]:
-    found: set[int] = set()
-    todo = [pid]
-    while todo:
-        current = todo.pop()
-        for task in Path(f"/proc/{current}/task").glob("*"):
-            try:
-                children = {int(c) for c in (task / "children").read_text().split()}
-            except OSError:
-                continue
-            todo += list(children - found)
-            found |= children
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def _wait(condition: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-
-
 def test_sigkill_keeps_every_row_the_run_reported_finished(tmp_path: Path) -> None:
     """Some rollouts hang until all four workers are stuck: the run is quiescent, its progress line says
     how many finished, and after SIGKILL exactly that many complete rows are on disk."""
@@ -117,12 +87,12 @@ def test_sigkill_keeps_every_row_the_run_reported_finished(tmp_path: Path) -> No
     children: set[int] = set()
     try:
         log = out / "latest" / "logs" / "harness.log"
-        _wait(lambda: bool(_reported_done(log)), 120, "the first progress line")
-        children = _descendants(process.pid)
-        _wait(lambda: _injected(32001).get("hang", 0) >= 4, 120, "every worker stuck on a hang")
+        wait_until(lambda: bool(_reported_done(log)), 120, "the first progress line")
+        children = descendants(process.pid)
+        wait_until(lambda: _injected(32001).get("hang", 0) >= 4, 120, "every worker stuck on a hang")
         # two progress lines after the last worker got stuck: nothing can finish any more
         seen = len(_reported_done(log))
-        _wait(lambda: len(_reported_done(log)) >= seen + 2, 30, "two more progress lines")
+        wait_until(lambda: len(_reported_done(log)) >= seen + 2, 30, "two more progress lines")
         reported = _reported_done(log)
         assert reported[-1] == reported[-2]
         process.send_signal(signal.SIGKILL)
@@ -132,8 +102,8 @@ def test_sigkill_keeps_every_row_the_run_reported_finished(tmp_path: Path) -> No
             process.kill()
             process.wait()
         for pid in children:
-            if _alive(pid):
-                _wait(lambda pid=pid: not _alive(pid), 30, f"child {pid} to die with the harness")
+            if alive(pid):
+                wait_until(lambda pid=pid: not alive(pid), 30, f"child {pid} to die with the harness")
     lines = (out / "latest" / "rollouts.jsonl").read_bytes().split(b"\n")
     assert lines[-1] == b""  # no partial line
     rows = [json.loads(line) for line in lines[:-1]]

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from gym_obs.telemetry import names
+from tests.processes import alive, descendants, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -48,37 +49,6 @@ def _control(port: int, method: str = "GET", plan: dict[str, Any] | None = None)
     return body
 
 
-def _descendants(pid: int) -> set[int]:
-    """Every live descendant of ``pid``, from /proc/<pid>/task/*/children."""
-    found: set[int] = set()
-    todo = [pid]
-    while todo:
-        current = todo.pop()
-        for task in Path(f"/proc/{current}/task").glob("*"):
-            try:
-                children = {int(c) for c in (task / "children").read_text().split()}
-            except OSError:
-                continue
-            todo += list(children - found)
-            found |= children
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def _wait(condition: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-
-
 def test_spread_control_route_and_ctrl_c(tmp_path: Path) -> None:
     out = tmp_path / "out"
     base = 29400  # head 29400, agents 29401-2, models 29403-4, resources 29405-6
@@ -89,8 +59,8 @@ def test_spread_control_route_and_ctrl_c(tmp_path: Path) -> None:
     )
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
     try:
-        _wait(lambda: len(_rows(out)) >= 20, 40, "the first rollouts")
-        children = _descendants(process.pid)
+        wait_until(lambda: len(_rows(out)) >= 20, 40, "the first rollouts")
+        children = descendants(process.pid)
         assert len(children) >= 7  # head server + six demo servers
         # the control route switches faults at run time, per server: model_0 fails, the others mark traffic
         delay = {"route": "*", "action": "delay", "seconds": 0.001}
@@ -99,7 +69,7 @@ def test_spread_control_route_and_ctrl_c(tmp_path: Path) -> None:
         for port, role in ((base + 4, "model"), (base + 5, "resources"), (base + 6, "resources")):
             _control(port, "PUT", {"faults": [{"server": role, **delay}]})
         seen = len(_rows(out))
-        _wait(
+        wait_until(
             lambda: any(
                 r.get("root_cause", {}).get("kind") == "provider_unavailable" for r in _rows(out)[seen:]
             ),
@@ -110,7 +80,9 @@ def test_spread_control_route_and_ctrl_c(tmp_path: Path) -> None:
         # every instance of every role got traffic
         assert _control(base + 3)["injected"]["status"] > 0
         for port in (base + 4, base + 5, base + 6):
-            _wait(lambda port=port: _control(port)["injected"].get("delay", 0) > 0, 10, f"traffic on {port}")
+            wait_until(
+                lambda port=port: _control(port)["injected"].get("delay", 0) > 0, 10, f"traffic on {port}"
+            )
         assert {r["agent"] for r in _rows(out)} == {"agent_0", "agent_1"}
         # a bad plan is refused with a clear reason and leaves the active plan alone
         with pytest.raises(urllib.error.HTTPError) as info:
@@ -123,7 +95,7 @@ def test_spread_control_route_and_ctrl_c(tmp_path: Path) -> None:
     assert process.returncode == 130, stderr[-2000:]
     assert "interrupted" in stderr and "Traceback" not in stderr
     time.sleep(0.2)
-    assert [pid for pid in children if _alive(pid)] == []
+    assert [pid for pid in children if alive(pid)] == []
     for port in range(base, base + 7):  # every server's port is free again
         with socket.socket() as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

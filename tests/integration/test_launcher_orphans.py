@@ -11,12 +11,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.processes import alive, descendants, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -28,36 +29,6 @@ def _env() -> dict[str, str]:
     paths = [str(REPO / "src"), str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     return {**env, "PYTHONPATH": os.pathsep.join(paths), "COLUMNS": "200"}
-
-
-def _descendants(pid: int) -> set[int]:
-    found: set[int] = set()
-    todo = [pid]
-    while todo:
-        current = todo.pop()
-        for task in Path(f"/proc/{current}/task").glob("*"):
-            try:
-                children = {int(c) for c in (task / "children").read_text().split()}
-            except OSError:
-                continue
-            todo += list(children - found)
-            found |= children
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def _wait(condition: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 def _get(url: str) -> Any:
@@ -87,7 +58,7 @@ def _wait_for_table(process: subprocess.Popen[str]) -> None:
 
 def _kill_leftovers(pids: set[int]) -> None:
     for pid in pids:
-        if _alive(pid):
+        if alive(pid):
             os.kill(pid, signal.SIGKILL)
 
 
@@ -109,13 +80,13 @@ def test_kill_9_of_serve_takes_every_server_and_worker_with_it(tmp_path: Path) -
     children: set[int] = set()
     try:
         _wait_for_table(process)
-        children = _descendants(process.pid)
+        children = descendants(process.pid)
         workers = {_get("http://127.0.0.1:32101/livez")["pid"] for _ in range(20)}
         assert workers <= children and len(children) >= 5  # head, model + 2 workers, resources
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=30)
         for pid in children:
-            _wait(lambda pid=pid: not _alive(pid), 30, f"server process {pid} to die with serve")
+            wait_until(lambda pid=pid: not alive(pid), 30, f"server process {pid} to die with serve")
     finally:
         if process.poll() is None:
             process.kill()
@@ -149,13 +120,13 @@ def test_kill_9_of_the_harness_takes_every_server_with_it(tmp_path: Path) -> Non
     children: set[int] = set()
     try:
         rows = out / "latest" / "rollouts.jsonl"
-        _wait(lambda: rows.exists() and rows.stat().st_size > 0, 120, "the first rows")
-        children = _descendants(process.pid)
+        wait_until(lambda: rows.exists() and rows.stat().st_size > 0, 120, "the first rows")
+        children = descendants(process.pid)
         assert len(children) >= 4  # head, agent, model, resources
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=30)
         for pid in children:
-            _wait(lambda pid=pid: not _alive(pid), 30, f"server process {pid} to die with the harness")
+            wait_until(lambda pid=pid: not alive(pid), 30, f"server process {pid} to die with the harness")
     finally:
         if process.poll() is None:
             process.kill()

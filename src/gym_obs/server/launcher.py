@@ -428,7 +428,9 @@ def serve(
     ready_timeout_s: float | None = None,
 ) -> int:
     """Run a deployment in the foreground until Ctrl-C (exit 0) or until a server dies (exit 1)."""
-    previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    # Both installed explicitly: a process started in the background by a non-interactive shell (a CI
+    # script, `serve &`) inherits SIGINT as ignored, and Python then installs no KeyboardInterrupt for it.
+    previous = {sig: signal.signal(sig, _raise_keyboard_interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         # On a terminal, the servers' output is shown there too, each line prefixed with its server's name.
         echo = _stdout_is_a_terminal()
@@ -449,4 +451,5 @@ def serve(
         print(f"gym_obs: cannot start the servers: {error}", file=sys.stderr)
         return 1
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
