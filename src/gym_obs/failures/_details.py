@@ -7,12 +7,12 @@ and end up in collection rows, so they are bounded in depth, items, string lengt
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from typing import Any, Final
 
 import orjson
 
+from gym_obs.config import is_secret_key
 from gym_obs.failures._base import (
     MAX_DETAILS_BYTES,
     MAX_DETAILS_DEPTH,
@@ -28,10 +28,6 @@ DETAILS_TRUNCATED: Final = "_truncated"
 """Key of the marker that replaces details which do not fit (``{"_truncated": true}``)."""
 
 _MAX_KEY_CHARS: Final = 64
-_SENSITIVE_KEY = re.compile(
-    r"api[_-]?key|apikey|secret|token|passw|passphrase|pwd|auth|credential|cookie|signature|private[_-]?key",
-    re.IGNORECASE,
-)
 _MAX_INT: Final = 2**63 - 1
 
 
@@ -72,7 +68,7 @@ def _mapping(value: Mapping[Any, object], depth: int) -> dict[str, Any]:
             break
         raw = key if isinstance(key, str) else str(key)
         name = bounded(scrub_text(without_controls(raw[: _MAX_KEY_CHARS * 4])), _MAX_KEY_CHARS)
-        out[name] = REDACTED if _SENSITIVE_KEY.search(name) else _value(item, depth + 1)
+        out[name] = REDACTED if is_secret_key(name) else _value(item, depth + 1)
     return out
 
 
