@@ -1,0 +1,68 @@
+"""Span-group specs: presets and groups mixed, case-insensitive, unknown names rejected with the list."""
+
+from __future__ import annotations
+
+import pytest
+
+from gym_obs.telemetry.groups import (
+    DEFAULT_GROUPS,
+    GROUPS,
+    PRESETS,
+    SpanGroups,
+    UnknownSpanGroup,
+    parse_span_groups,
+)
+
+
+def test_default_preset_is_the_spine_rollout_and_startup() -> None:
+    groups = parse_span_groups(None)
+    assert groups == DEFAULT_GROUPS == parse_span_groups("  ")
+    assert groups.enabled == {"server", "http_client", "rollout", "startup"}
+    assert (groups.server, groups.http_client, groups.rollout, groups.startup) == (True, True, True, True)
+    assert (groups.model_call, groups.verify, groups.concurrency) == (False, False, False)
+    assert not groups.rollout_is_root
+    assert groups.missing_spine() == ()
+
+
+def test_presets_and_groups_mix_case_insensitively() -> None:
+    groups = parse_span_groups(" Default , MODEL_CALL,,verify ")
+    assert groups.enabled == {"server", "http_client", "rollout", "startup", "model_call", "verify"}
+    assert parse_span_groups("all").enabled == frozenset(GROUPS)
+    assert parse_span_groups("none").enabled == frozenset()
+    assert parse_span_groups("none").missing_spine() == ("server", "http_client")
+    assert parse_span_groups("server").missing_spine() == ("http_client",)
+
+
+def test_per_rollout_is_every_group_but_startup_and_makes_rollouts_roots() -> None:
+    groups = parse_span_groups("per_rollout")
+    assert groups.enabled == frozenset(GROUPS) - {"startup"}
+    assert not groups.startup
+    assert groups.rollout_is_root
+    assert not parse_span_groups("all").rollout_is_root
+    assert PRESETS["per_rollout"] == groups.enabled
+
+
+@pytest.mark.parametrize("spec", ["defualt", "server,bogus", "model-call"])
+def test_unknown_names_fail_with_every_valid_name(spec: str) -> None:
+    with pytest.raises(UnknownSpanGroup) as caught:
+        parse_span_groups(spec)
+    message = str(caught.value)
+    assert "unknown span group" in message
+    for name in (*GROUPS, *PRESETS):
+        assert name in message
+    assert isinstance(caught.value, ValueError)
+
+
+def test_unknown_name_in_message_is_bounded() -> None:
+    with pytest.raises(UnknownSpanGroup) as caught:
+        parse_span_groups("x" * 10_000)
+    assert len(str(caught.value)) < 400
+
+
+def test_groups_are_immutable_and_reject_unknown_members() -> None:
+    groups = parse_span_groups("all")
+    with pytest.raises(AttributeError):
+        groups.server = False  # type: ignore[misc]
+    with pytest.raises(UnknownSpanGroup):
+        SpanGroups(frozenset({"server", "nope"}))
+    assert repr(parse_span_groups("none")) == "SpanGroups(none)"
