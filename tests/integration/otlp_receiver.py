@@ -17,6 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
+    ExportLogsServiceRequest,
+    ExportLogsServiceResponse,
+)
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -67,6 +71,18 @@ class ReceivedSpan:
     events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
 
+@dataclass
+class ReceivedLog:
+    body: str
+    severity_text: str
+    severity_number: int
+    trace_id: str
+    span_id: str
+    scope: str
+    service_name: str
+    attributes: dict[str, Any]
+
+
 class OtlpReceiver:
     """``with OtlpReceiver(port) as receiver:`` then ``receiver.wait_for(predicate)``."""
 
@@ -74,6 +90,7 @@ class OtlpReceiver:
         self.port = port
         self.endpoint = f"http://127.0.0.1:{port}"
         self._spans: list[ReceivedSpan] = []
+        self._logs: list[ReceivedLog] = []
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -113,7 +130,7 @@ class OtlpReceiver:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/traces", self._traces)
         app.router.add_post("/v1/metrics", self._ignore)
-        app.router.add_post("/v1/logs", self._ignore)
+        app.router.add_post("/v1/logs", self._logs_export)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True).start()
@@ -156,11 +173,57 @@ class OtlpReceiver:
             body=ExportTraceServiceResponse().SerializeToString(), content_type="application/x-protobuf"
         )
 
+    async def _logs_export(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        if request.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+        message = ExportLogsServiceRequest.FromString(body)
+        received: list[ReceivedLog] = []
+        for resource_logs in message.resource_logs:
+            resource = _attributes(resource_logs.resource.attributes)
+            for scope_logs in resource_logs.scope_logs:
+                for record in scope_logs.log_records:
+                    received.append(
+                        ReceivedLog(
+                            body=str(_value(record.body)),
+                            severity_text=record.severity_text,
+                            severity_number=record.severity_number,
+                            trace_id=record.trace_id.hex(),
+                            span_id=record.span_id.hex(),
+                            scope=scope_logs.scope.name,
+                            service_name=str(resource.get("service.name", "")),
+                            attributes=_attributes(record.attributes),
+                        )
+                    )
+        with self._lock:
+            self._logs.extend(received)
+        return web.Response(
+            body=ExportLogsServiceResponse().SerializeToString(), content_type="application/x-protobuf"
+        )
+
     # -- queries ---------------------------------------------------------------------------------------------
 
     def spans(self) -> list[ReceivedSpan]:
         with self._lock:
             return list(self._spans)
+
+    def logs(self) -> list[ReceivedLog]:
+        with self._lock:
+            return list(self._logs)
+
+    def wait_for_logs(
+        self, predicate: Callable[[list[ReceivedLog]], bool], timeout_s: float = 15.0
+    ) -> list[ReceivedLog]:
+        """Poll until ``predicate(logs)`` holds; returns the log records, or fails with what arrived."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            logs = self.logs()
+            if predicate(logs):
+                return logs
+            if time.monotonic() > deadline:
+                bodies = [record.body for record in logs]
+                raise AssertionError(f"receiver did not get the expected logs in {timeout_s}s; got {bodies}")
+            time.sleep(0.05)
 
     def wait_for(
         self, predicate: Callable[[list[ReceivedSpan]], bool], timeout_s: float = 15.0

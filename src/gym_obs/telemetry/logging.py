@@ -88,7 +88,8 @@ def _json_default() -> bool:
     return os.environ.get(names.ENV_LOG_JSON, "").strip().lower() in _TRUE
 
 
-def _shared_processors() -> list[Processor]:
+def shared_processors() -> list[Processor]:
+    """The processors every line goes through before it is rendered (also used by the OTLP log export)."""
     return [
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,
@@ -128,7 +129,7 @@ def configure_logging(json: bool | None = None, level: int | str = logging.INFO)
     """
     global _process_server_name
     use_json = _json_default() if json is None else json
-    shared = _shared_processors()
+    shared = shared_processors()
     with _LOCK:
         _process_server_name = os.environ.get(names.ENV_SERVER_NAME, "").strip() or None
         structlog.configure(
