@@ -13,7 +13,7 @@ import pytest
 
 import gym_obs
 from gym_obs.config import TelemetryConfig
-from gym_obs.telemetry._env import resolve_settings
+from gym_obs.telemetry.settings import resolve_settings
 
 _SRC = str(Path(gym_obs.__file__).resolve().parents[1])
 

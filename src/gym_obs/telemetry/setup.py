@@ -53,10 +53,8 @@ from opentelemetry.sdk.trace.sampling import (
 )
 from opentelemetry.sdk.version import __version__ as sdk_version
 
-import gym_obs
-from gym_obs.config import TelemetryConfig
+from gym_obs._version import __version__
 from gym_obs.telemetry import _override, names
-from gym_obs.telemetry._env import Settings, resolve_run_id, resolve_settings
 from gym_obs.telemetry._exporters import (
     LOGGER,
     build_metric_exporters,
@@ -67,6 +65,7 @@ from gym_obs.telemetry._sdk_env import SDK_ENV_PROBLEMS
 from gym_obs.telemetry._state import STATE
 from gym_obs.telemetry.metrics import instruments_for
 from gym_obs.telemetry.redaction import scrub_text
+from gym_obs.telemetry.settings import Settings, TelemetryConfig, resolve_run_id, resolve_settings
 
 __all__ = ["TelemetryHandle", "launch_run_id", "setup_telemetry", "shutdown_telemetry"]
 
@@ -337,7 +336,7 @@ def _resource(
         TELEMETRY_SDK_VERSION: sdk_version,
         PROCESS_PID: os.getpid(),
     }
-    attributes[names.SERVICE_VERSION] = gym_obs.__version__
+    attributes[names.SERVICE_VERSION] = __version__
     attributes.update(settings.resource_attributes)
     version = os.environ.get(names.ENV_SERVICE_VERSION, "").strip()
     if version:
