@@ -82,7 +82,10 @@ REEXPORT_MODULES: frozenset[str] = frozenset({"gym_obs.client.http_client"})
 #: Private seams tests really need: ``module`` (any name) or ``module:name``, each with why.
 PRIVATE_SEAMS: dict[str, str] = {
     "gym_obs.client._retry": "the pure retry decision tables are tested directly, row by row",
-    "gym_obs.failures._base": "the hard limits remote input is checked against (tests plant inputs at them)",
+    "gym_obs.failures._base": "the hard limits remote input is checked against, and fresh event ids",
+    "gym_obs.failures._codec": "the raw encoder plants hostile reports that skip validation; its byte cap",
+    "gym_obs.failures._shrink:final_chain": "which events the stated drop rule kept on the final chain",
+    "gym_obs.harness.servers._common:failure_for_call": "the demo servers' failure mapping, without servers",
     "gym_obs.telemetry._sdk_env": "the import-time repair of OTEL_* values, run again on a planted env",
 }
 
@@ -152,7 +155,7 @@ def load_modules(src: Path, package: str = PACKAGE) -> dict[str, Module]:
         modules[name] = Module(name, str(path.relative_to(src)), tree, is_package)
     for module in modules.values():
         for node, type_checking in _walk_imports(module.tree):
-            for target, line in _targets(node, module, modules, package):
+            for target, line in dict.fromkeys(_targets(node, module, modules, package)):  # one per arrow
                 module.imports.append(Import(module.name, target, module.file, line, type_checking))
     return modules
 
@@ -303,8 +306,6 @@ def _defined_names(tree: ast.Module) -> set[str]:
                     names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
             elif isinstance(stmt, ast.AnnAssign | ast.AugAssign) and isinstance(stmt.target, ast.Name):
                 names.add(stmt.target.id)
-            elif isinstance(stmt, ast.TypeAlias) and isinstance(stmt.name, ast.Name):
-                names.add(stmt.name.id)
             elif isinstance(stmt, ast.If | ast.Try):
                 collect(stmt.body)
                 collect(stmt.orelse)
@@ -422,3 +423,144 @@ def test_invalid_failure_report_is_exported_from_one_module(modules: dict[str, M
 def test_tests_import_public_names_only() -> None:
     problems = private_test_imports(TESTS)
     assert not problems, "\n".join(problems)
+
+
+def test_the_checker_sees_the_whole_tree(modules: dict[str, Module]) -> None:
+    """Guard against a rule that passes because it parsed nothing: known arrows are found."""
+    assert len(modules) > 80
+    arrows = {(imp.source, imp.target) for m in modules.values() for imp in m.imports}
+    assert ("gym_obs.config", "gym_obs.telemetry.settings") in arrows
+    assert ("gym_obs.dashboards.files", "gym_obs.dashboards._boards") in arrows  # a lazy import counts
+    type_only = {(imp.source, imp.target) for m in modules.values() for imp in m.imports if imp.type_checking}
+    assert ("gym_obs", "gym_obs.server") in type_only
+
+
+# --- the checker fails on planted mistakes ----------------------------------------------------------------
+
+
+def _plant(root: Path, files: dict[str, str]) -> Path:
+    """A small source tree: ``files`` maps a path under ``root`` to its text; packages get an ``__init__``."""
+    for relative, text in files.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    for directory in {p.parent for p in root.rglob("*.py")}:
+        (directory / "__init__.py").touch()
+    return root
+
+
+_CLEAN = {
+    "src/gym_obs/telemetry/names.py": "X = 1\n__all__ = ['X']\n",
+    "src/gym_obs/telemetry/spans.py": "from gym_obs.telemetry import names\n",
+    "src/gym_obs/failures/event.py": "from gym_obs.telemetry.names import X\n",
+    "src/gym_obs/client/errors.py": "from gym_obs.failures import event\n",
+    "src/gym_obs/client/_sessions.py": "from gym_obs.client.errors import *\n",
+    "src/gym_obs/server/app.py": "from gym_obs.client import _sessions\nfrom . import sub\n",
+    "src/gym_obs/server/sub.py": "from ..telemetry import names\n",
+}
+
+
+def _all_problems(src: Path) -> list[str]:
+    modules = load_modules(src)
+    cycles = [describe_cycle(cycle, modules) for cycle in import_cycles(modules)]
+    return (
+        layer_violations(modules) + client_order_violations(modules) + cycles + reexport_violations(modules)
+    )
+
+
+def test_a_clean_planted_tree_passes(tmp_path: Path) -> None:
+    src = _plant(tmp_path, _CLEAN) / "src"
+    modules = load_modules(src)
+    arrows = {(imp.source, imp.target) for m in modules.values() for imp in m.imports}
+    assert ("gym_obs.server.app", "gym_obs.server.sub") in arrows  # relative imports resolve
+    assert ("gym_obs.server.sub", "gym_obs.telemetry.names") in arrows
+    assert _all_problems(src) == []
+
+
+def test_the_checker_fails_on_a_planted_cycle(tmp_path: Path) -> None:
+    src = (
+        _plant(
+            tmp_path,
+            {
+                **_CLEAN,
+                "src/gym_obs/telemetry/spans.py": "from gym_obs.telemetry import names\n",
+                "src/gym_obs/telemetry/names.py": (
+                    "from typing import TYPE_CHECKING\n"
+                    "if TYPE_CHECKING:\n"
+                    "    from gym_obs.telemetry.spans import S\n"
+                ),
+            },
+        )
+        / "src"
+    )
+    modules = load_modules(src)
+    assert import_cycles(modules) == [["gym_obs.telemetry.names", "gym_obs.telemetry.spans"]]
+    message = describe_cycle(import_cycles(modules)[0], modules)
+    assert "gym_obs/telemetry/names.py:3: gym_obs.telemetry.names imports gym_obs.telemetry.spans" in message
+    assert "(under TYPE_CHECKING)" in message
+    assert "gym_obs/telemetry/spans.py:1: gym_obs.telemetry.spans imports gym_obs.telemetry.names" in message
+
+
+def test_the_checker_fails_on_a_planted_upward_import(tmp_path: Path) -> None:
+    src = (
+        _plant(
+            tmp_path,
+            {
+                **_CLEAN,
+                "src/gym_obs/telemetry/spans.py": "def later():\n    from gym_obs.client.errors import E\n",
+                "src/gym_obs/failures/event.py": "import gym_obs.server.app\n",
+            },
+        )
+        / "src"
+    )
+    problems = layer_violations(load_modules(src))
+    assert problems == [
+        "gym_obs/failures/event.py:1: gym_obs.failures.event imports gym_obs.server.app: upward import,"
+        " layer 'failures' (rank 1) must not import layer 'server' (rank 4)",
+        "gym_obs/telemetry/spans.py:2: gym_obs.telemetry.spans imports gym_obs.client.errors: upward import,"
+        " layer 'telemetry' (rank 0) must not import layer 'client' (rank 3)",
+    ]
+
+
+def test_the_checker_fails_on_a_client_module_importing_one_listed_below_it(tmp_path: Path) -> None:
+    src = (
+        _plant(
+            tmp_path,
+            {**_CLEAN, "src/gym_obs/client/errors.py": "from gym_obs.client._sessions import pools\n"},
+        )
+        / "src"
+    )
+    modules = load_modules(src)
+    assert client_order_violations(modules) == [
+        "gym_obs/client/errors.py:1: gym_obs.client.errors imports gym_obs.client._sessions: client module"
+        " 'errors' may import only modules listed above it in CLIENT_ORDER, and '_sessions' is not"
+    ]
+    assert len(import_cycles(modules)) == 1  # errors <-> _sessions
+
+
+def test_the_checker_fails_on_a_reexport_and_a_private_test_import(tmp_path: Path) -> None:
+    root = _plant(
+        tmp_path,
+        {
+            **_CLEAN,
+            "src/gym_obs/failures/event.py": (
+                "from gym_obs.telemetry.names import X\n__all__ = ['X', 'Y']\nY = 2\n"
+            ),
+            "tests/test_x.py": (
+                "from gym_obs.telemetry._state import STATE\n"
+                "from gym_obs.telemetry.names import _hidden\n"
+                "import gym_obs.client._sessions\n"
+                "from gym_obs.telemetry._sdk_env import repair_sdk_environment\n"  # allow-listed
+                "from gym_obs.telemetry.names import X\n"
+            ),
+        },
+    )
+    assert reexport_violations(load_modules(root / "src")) == [
+        "gym_obs/failures/event.py: __all__ of gym_obs.failures.event names 'X', which it does not define"
+        " (export it from where it is defined, or a package __init__)"
+    ]
+    assert private_test_imports(root / "tests") == [
+        "tests/test_x.py:1: `from gym_obs.telemetry._state import STATE` is private",
+        "tests/test_x.py:2: `from gym_obs.telemetry.names import _hidden` is private",
+        "tests/test_x.py:3: `import gym_obs.client._sessions` is private",
+    ]

@@ -67,7 +67,7 @@ from gym_obs.telemetry.metrics import instruments_for
 from gym_obs.telemetry.redaction import scrub_text
 from gym_obs.telemetry.settings import Settings, TelemetryConfig, resolve_run_id, resolve_settings
 
-__all__ = ["TelemetryHandle", "launch_run_id", "setup_telemetry", "shutdown_telemetry"]
+__all__ = ["TelemetryHandle", "launch_run_id", "sampler_for", "setup_telemetry", "shutdown_telemetry"]
 
 _ATEXIT_TIMEOUT_S: Final = 3.0
 
@@ -362,7 +362,8 @@ def _encodable(value: Any) -> Any:
     return value
 
 
-def _sampler(settings: Settings) -> Sampler:
+def sampler_for(settings: Settings) -> Sampler:
+    """The SDK sampler the resolved settings name (``OTEL_TRACES_SAMPLER`` and its argument)."""
     ratio = TraceIdRatioBased(settings.sampler_ratio)
     samplers: dict[str, Sampler] = {
         "always_on": ALWAYS_ON,
@@ -399,7 +400,7 @@ def _tracer_provider(
     )
     if not exporters:
         return None, False
-    tp = TracerProvider(resource=resource, sampler=_sampler(settings), shutdown_on_exit=False)
+    tp = TracerProvider(resource=resource, sampler=sampler_for(settings), shutdown_on_exit=False)
     for _, exporter in exporters:
         tp.add_span_processor(
             BatchSpanProcessor(
