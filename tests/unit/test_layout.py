@@ -110,6 +110,8 @@ class Import:
 
 @dataclass
 class Module:
+    """One parsed source file and the arrows out of it."""
+
     name: str
     file: str  # relative to the source root, for messages
     tree: ast.Module
@@ -138,10 +140,8 @@ def _walk_imports(
         if isinstance(child, ast.Import | ast.ImportFrom):
             yield child, type_checking
         elif isinstance(child, ast.If) and _is_type_checking(child.test):
-            for stmt in child.body:
-                yield from _walk_imports(ast.Module(body=[stmt], type_ignores=[]), True)
-            for stmt in child.orelse:
-                yield from _walk_imports(ast.Module(body=[stmt], type_ignores=[]), type_checking)
+            yield from _walk_imports(ast.Module(body=child.body, type_ignores=[]), True)
+            yield from _walk_imports(ast.Module(body=child.orelse, type_ignores=[]), type_checking)
         else:
             yield from _walk_imports(child, type_checking)
 
@@ -181,7 +181,8 @@ def _targets(
         yield (submodule if submodule in modules else base), node.lineno
 
 
-def _layer(name: str, package: str = PACKAGE) -> str:
+def _layer(name: str) -> str:
+    """``gym_obs.client.pool`` -> ``client``; ``gym_obs`` itself (its ``__init__``) -> ``""``."""
     parts = name.split(".")
     return parts[1] if len(parts) > 1 else ""
 
