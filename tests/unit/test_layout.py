@@ -318,21 +318,25 @@ def _defined_names(tree: ast.Module) -> set[str]:
     return names
 
 
+_NOT_LITERAL = "<__all__ is not a literal list of strings>"
+
+
 def _all_names(tree: ast.Module) -> list[str] | None:
+    """The names of a module's top-level ``__all__`` (``None`` without one); the rule reads only literals,
+    so anything else is reported rather than skipped."""
     for stmt in tree.body:
-        targets = (
-            stmt.targets
-            if isinstance(stmt, ast.Assign)
-            else [stmt.target]
-            if isinstance(stmt, ast.AnnAssign)
-            else []
-        )
-        if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
-            value = stmt.value
-            if isinstance(value, ast.List | ast.Tuple):
-                return [
-                    e.value for e in value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)
-                ]
+        if isinstance(stmt, ast.Assign):
+            targets, value = stmt.targets, stmt.value
+        elif isinstance(stmt, ast.AnnAssign | ast.AugAssign):
+            targets, value = [stmt.target], stmt.value
+        else:
+            continue
+        if not any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+            continue
+        if isinstance(stmt, ast.AugAssign) or not isinstance(value, ast.List | ast.Tuple):
+            return [_NOT_LITERAL]
+        names = [e.value for e in value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+        return names if len(names) == len(value.elts) else [_NOT_LITERAL]
     return None
 
 
