@@ -7,13 +7,9 @@ and ``gym-obs --version`` do not pay for FastAPI, aiohttp and the OpenTelemetry 
 from __future__ import annotations
 
 import importlib
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
-try:
-    __version__ = version("gym-obs")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree without install
-    __version__ = "0.0.0"
+from gym_obs._version import __version__
 
 if TYPE_CHECKING:
     from gym_obs.client.concurrency import TimedSemaphore

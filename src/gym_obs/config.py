@@ -1,7 +1,10 @@
-"""Pydantic models for every piece of gym_obs configuration.
+"""Pydantic models of the global config: head server, telemetry, client pools and every server process.
 
-One module so that the YAML global config, the environment and explicit arguments are validated in one
-place with errors that name the bad key. Standard library and pydantic only: every layer may import it.
+One module so that the YAML global config is validated in one place with errors that name the bad key.
+It sits just above the bottom layer: the ``telemetry`` section is
+:class:`~gym_obs.telemetry.settings.TelemetryConfig`, owned by telemetry (which reads it), and secret keys
+are recognised by :func:`~gym_obs.telemetry.redaction.is_secret_key`. Client, server and harness import
+this module; telemetry and failures never do.
 """
 
 from __future__ import annotations
@@ -9,39 +12,18 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-OtlpProtocol = Literal["http/protobuf", "grpc"]
+from gym_obs.telemetry.redaction import REDACTED, is_secret_key
+from gym_obs.telemetry.settings import TelemetryConfig
 
 
 class _Strict(BaseModel):
     """Unknown keys are errors: a typo in a config file must not be silently ignored."""
 
     model_config = ConfigDict(extra="forbid")
-
-
-class TelemetryConfig(_Strict):
-    """Telemetry settings. ``None`` means: take it from the standard ``OTEL_*`` environment, else default."""
-
-    enabled: bool | None = None
-    traces_exporter: str | None = None  # otlp | console | none (comma-separated allowed)
-    metrics_exporter: str | None = None  # otlp | console | prometheus | none
-    otlp_endpoint: str | None = None
-    otlp_protocol: OtlpProtocol | None = None
-    sampler: str | None = None
-    sampler_arg: str | None = None
-    metric_export_interval_ms: int | None = Field(default=None, gt=0)
-    prometheus_host: str | None = None
-    prometheus_port: int | None = Field(default=None, ge=0, le=65535)
-    resource_attributes: dict[str, str] = Field(default_factory=dict)
-    run_id: str | None = None
-    trace_propagation_targets: list[str] | None = None
-    span_queue_size: int = Field(default=2048, gt=0)
-    span_batch_size: int = Field(default=512, gt=0)
-    export_timeout_ms: int = Field(default=10_000, gt=0)
-    file_export_dir: str | None = None  # exporter `file`: OTLP JSON lines here (else GYM_OBS_TELEMETRY_DIR)
 
 
 class GlobalAIOHTTPAsyncClientConfig(_Strict):
@@ -118,18 +100,6 @@ class GlobalAIOHTTPAsyncClientConfig(_Strict):
 # --- server runtime: head server, server instances, the global config ------------------------------------
 
 _SERVER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
-_REDACTED = "[REDACTED]"  # what the head server serves in place of a secret (telemetry.redaction.REDACTED)
-# A config key naming a secret (the words of gym_obs.failures._details' redaction of failure details): its
-# value is never served by the head server nor echoed in a validation error.
-_SECRET_KEY = re.compile(
-    r"api[_-]?key|apikey|secret|token|passw|passphrase|pwd|auth|credential|cookie|signature|private[_-]?key",
-    re.IGNORECASE,
-)
-
-
-def is_secret_key(key: object) -> bool:
-    """Whether a config key names a secret (``session_secret``, ``api_key``, ``OPENAI_API_KEY``, …)."""
-    return isinstance(key, str) and _SECRET_KEY.search(key) is not None
 _ENTRYPOINT_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"
 
 
@@ -199,7 +169,7 @@ class ServerInstanceConfig(BaseModel):
     @classmethod
     def _redacted_secret_is_unset(cls, value: object) -> object:
         """A config fetched from the head server has ``[REDACTED]`` here: no secret, not a 10-char one."""
-        return None if value == _REDACTED else value
+        return None if value == REDACTED else value
 
     @field_validator("entrypoint")
     @classmethod

@@ -26,8 +26,7 @@ from gym_obs.client.http_client import (
     set_global_aiohttp_client,
 )
 from gym_obs.telemetry import names
-from gym_obs.telemetry._state import STATE
-from gym_obs.telemetry.testing import Capture
+from gym_obs.telemetry.testing import Capture, telemetry_state
 from tests.integration.client_support import (
     DROP,
     REPLY,
@@ -39,6 +38,8 @@ from tests.integration.client_support import (
     metric_sum,
     unused_port,
 )
+
+STATE = telemetry_state()
 
 pytestmark = pytest.mark.integration
 

@@ -18,10 +18,11 @@ import pytest
 
 from gym_obs.client.http_client import close_global_aiohttp_client, request
 from gym_obs.telemetry import names
-from gym_obs.telemetry._state import STATE
-from gym_obs.telemetry.testing import Capture
+from gym_obs.telemetry.testing import Capture, telemetry_state
 from tests.integration.relay_apps import RELAY_SCRIPT
 from tests.integration.relay_support import CANARY, RawSink, raw_sink, start_script, wait_listening
+
+STATE = telemetry_state()
 
 pytestmark = pytest.mark.integration
 

@@ -42,7 +42,8 @@ _EMIT = """
     from gym_obs.telemetry import names
     from gym_obs.telemetry.setup import setup_telemetry
     from gym_obs.telemetry.spans import client_span
-    from gym_obs.telemetry._state import STATE
+    from gym_obs.telemetry.testing import telemetry_state
+    STATE = telemetry_state()
     handle = setup_telemetry("model", "model_server")
     with client_span("GET", **{names.ATTR_URL_FULL: "http://user:pw@upstream:9/v1/x?api_key=QUERYSECRET"}):
         STATE.instruments.client_retries.add(2, {names.ATTR_RETRY_REASON: names.RETRY_REASON_TIMEOUT})

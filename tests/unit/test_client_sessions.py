@@ -20,7 +20,9 @@ from gym_obs.client.http_client import (
     is_global_aiohttp_client_setup,
     set_global_aiohttp_client,
 )
-from gym_obs.telemetry._state import STATE
+from gym_obs.telemetry.testing import telemetry_state
+
+STATE = telemetry_state()
 
 
 @pytest.fixture(autouse=True)

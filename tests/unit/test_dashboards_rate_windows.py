@@ -12,7 +12,7 @@ import pytest
 from gym_obs.config import TelemetryConfig
 from gym_obs.dashboards import DEFAULT_OUT_DIR, build_dashboards, stale_dashboards
 from gym_obs.telemetry import names
-from gym_obs.telemetry._env import resolve_settings
+from gym_obs.telemetry.settings import resolve_settings
 
 _RANGE = re.compile(r"\[([^\[\]]+)\]")
 _DURATION = re.compile(r"(\d+)(ms|s|m|h|d)")

@@ -145,7 +145,8 @@ def test_details_are_sanitized() -> None:
 
 def test_context_ids_are_captured(telemetry: Capture) -> None:
     assert telemetry is not None
-    from gym_obs.telemetry._state import STATE
+    from gym_obs.telemetry.testing import telemetry_state
+    STATE = telemetry_state()
 
     assert STATE.tracer is not None
     with STATE.tracer.start_as_current_span("outer") as span, rollout_context("rollout-7"):
@@ -363,7 +364,8 @@ def test_empty_labels_and_undecodable_text_still_give_a_report_a_peer_accepts() 
         failure_report_for,
         rebuild_failure,
     )
-    from gym_obs.telemetry._state import STATE
+    from gym_obs.telemetry.testing import telemetry_state
+    STATE = telemetry_state()
 
     saved = STATE.server_name
     STATE.server_name = ""  # setup_telemetry("") leaves an empty server name

@@ -23,8 +23,9 @@ from gym_obs.failures import (
 from gym_obs.failures._base import MAX_EVENTS, new_event_id
 from gym_obs.failures._shrink import final_chain
 from gym_obs.telemetry import names
-from gym_obs.telemetry._state import STATE
-from gym_obs.telemetry.testing import Capture
+from gym_obs.telemetry.testing import Capture, telemetry_state
+
+STATE = telemetry_state()
 
 
 def _failure_counts(telemetry: Capture) -> dict[tuple[str | None, str | None, str | None], Any]:

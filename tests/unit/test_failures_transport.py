@@ -16,6 +16,9 @@ from hypothesis import strategies as st
 
 from gym_obs.failures import (
     FAILURE_REPORT_HEADER,
+    MAX_DECOMPRESSED_BYTES,
+    MAX_ENCODED_CHARS,
+    VERSION_PREFIX,
     FailureReport,
     InvalidFailureReport,
     NgFailureEvent,
@@ -27,16 +30,12 @@ from gym_obs.failures import (
 from gym_obs.failures._base import new_event_id
 from gym_obs.failures._codec import MAX_MAX_BYTES
 from gym_obs.failures._shrink import final_chain
-from gym_obs.failures.transport import (
-    MAX_DECOMPRESSED_BYTES,
-    MAX_ENCODED_CHARS,
-    VERSION_PREFIX,
-    observe_failure,
-    request_failure_log,
-)
+from gym_obs.failures.transport import observe_failure, request_failure_log
 from gym_obs.telemetry import names
-from gym_obs.telemetry._state import STATE
 from gym_obs.telemetry.propagation import rollout_context
+from gym_obs.telemetry.testing import telemetry_state
+
+STATE = telemetry_state()
 
 
 def _pack(payload: bytes) -> str:

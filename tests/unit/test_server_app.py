@@ -32,9 +32,10 @@ from gym_obs.server import SimpleServer
 from gym_obs.server.base_server import import_server_class, load_server
 from gym_obs.server.uvicorn import ServerStartupError
 from gym_obs.telemetry import names
-from gym_obs.telemetry._state import STATE
 from gym_obs.telemetry.propagation import current_rollout_id
-from gym_obs.telemetry.testing import Capture
+from gym_obs.telemetry.testing import Capture, telemetry_state
+
+STATE = telemetry_state()
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 PARENT_ID = "b7ad6b7169203331"

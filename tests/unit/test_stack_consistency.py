@@ -21,7 +21,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import DEFAULT_ENDPOI
 
 from gym_obs import dashboards
 from gym_obs.config import TelemetryConfig
-from gym_obs.telemetry._env import resolve_settings
+from gym_obs.telemetry.settings import resolve_settings
 from tests.e2e.promql_check import metric_names, panel_queries
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gym_obs.telemetry.bodies import (
-    _UPSTREAM_ERROR_LOG_BODY_CHARS,
     MAX_MARKER_CHARS,
+    UPSTREAM_ERROR_LOG_BODY_CHARS,
     bounded_excerpt,
     elision_marker,
 )
@@ -29,7 +29,7 @@ def _traceback(frames: int, last_line: str) -> str:
 
 
 def test_default_limit_is_2000() -> None:
-    assert _UPSTREAM_ERROR_LOG_BODY_CHARS == 2000
+    assert UPSTREAM_ERROR_LOG_BODY_CHARS == 2000
 
 
 def test_small_bodies_are_returned_whole() -> None:

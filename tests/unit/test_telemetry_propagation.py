@@ -10,7 +10,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gym_obs.telemetry import names
-from gym_obs.telemetry._state import STATE
 from gym_obs.telemetry.propagation import (
     ParsedPath,
     apply_rollout_prefix,
@@ -24,7 +23,9 @@ from gym_obs.telemetry.propagation import (
     trace_context_path_segment,
 )
 from gym_obs.telemetry.spans import client_span, current_ids
-from gym_obs.telemetry.testing import Capture
+from gym_obs.telemetry.testing import Capture, telemetry_state
+
+STATE = telemetry_state()
 
 TP = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 

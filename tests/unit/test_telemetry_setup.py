@@ -13,7 +13,7 @@ import pytest
 
 import gym_obs
 from gym_obs.config import TelemetryConfig
-from gym_obs.telemetry._env import resolve_settings
+from gym_obs.telemetry.settings import resolve_settings
 
 _SRC = str(Path(gym_obs.__file__).resolve().parents[1])
 
@@ -177,7 +177,8 @@ def test_garbage_switch_keeps_telemetry_off_and_says_so() -> None:
 
 _SETUP_AND_REPORT = """
     from gym_obs.telemetry.setup import setup_telemetry
-    from gym_obs.telemetry._state import STATE
+    from gym_obs.telemetry.testing import telemetry_state
+    STATE = telemetry_state()
     from gym_obs.telemetry.spans import client_span
     handle = setup_telemetry("model", "model_server")
     with client_span("GET"):
@@ -245,7 +246,8 @@ def test_unreachable_collector_does_not_block_requests_and_shutdown_is_bounded()
         import time
         from gym_obs.telemetry.setup import setup_telemetry
         from gym_obs.telemetry.spans import client_span
-        from gym_obs.telemetry._state import STATE
+        from gym_obs.telemetry.testing import telemetry_state
+        STATE = telemetry_state()
         handle = setup_telemetry("agent")
         started = time.perf_counter()
         for _ in range(2000):
@@ -321,7 +323,8 @@ def test_application_providers_are_reused_and_never_shut_down() -> None:
         from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
         from gym_obs.telemetry.setup import setup_telemetry
         from gym_obs.telemetry.spans import client_span
-        from gym_obs.telemetry._state import STATE
+        from gym_obs.telemetry.testing import telemetry_state
+        STATE = telemetry_state()
         exporter = InMemorySpanExporter()
         tp = TracerProvider()
         tp.add_span_processor(SimpleSpanProcessor(exporter))
@@ -350,7 +353,8 @@ def test_prometheus_endpoint_serves_metrics_with_target_info() -> None:
     code = """
         import urllib.request
         from gym_obs.telemetry.setup import setup_telemetry
-        from gym_obs.telemetry._state import STATE
+        from gym_obs.telemetry.testing import telemetry_state
+        STATE = telemetry_state()
         handle = setup_telemetry("model", "model_server")
         STATE.instruments.client_retries.add(2, {"gym.retry.reason": "timeout"})
         body = urllib.request.urlopen("http://127.0.0.1:20010/metrics", timeout=5).read().decode()
@@ -468,10 +472,10 @@ def test_setup_after_a_capture_exports_through_its_own_provider() -> None:
 
 
 def _sampler_description(env: dict[str, str], config: TelemetryConfig | None = None) -> str:
-    from gym_obs.telemetry.setup import _sampler
+    from gym_obs.telemetry.setup import sampler_for
 
     settings = resolve_settings(config or TelemetryConfig(), {"GYM_OBS_TELEMETRY": "1", **env})
-    return _sampler(settings).get_description()
+    return sampler_for(settings).get_description()
 
 
 @pytest.mark.parametrize(
@@ -591,7 +595,8 @@ def test_shutdown_is_bounded_against_a_black_holed_collector(protocol: str, port
         hole.listen(64)  # accepts connections (kernel backlog) and never answers
         from gym_obs.telemetry.setup import setup_telemetry
         from gym_obs.telemetry.spans import client_span
-        from gym_obs.telemetry._state import STATE
+        from gym_obs.telemetry.testing import telemetry_state
+        STATE = telemetry_state()
         handle = setup_telemetry("blackhole")
         started = time.perf_counter()
         for _ in range(500):
@@ -670,7 +675,8 @@ _USE_EVERYTHING = """
     from gym_obs.telemetry.propagation import inject_trace_headers
     from gym_obs.telemetry.setup import setup_telemetry
     from gym_obs.telemetry.spans import client_span
-    from gym_obs.telemetry._state import STATE
+    from gym_obs.telemetry.testing import telemetry_state
+    STATE = telemetry_state()
     from opentelemetry import metrics, trace
     configure_logging()
     handle = setup_telemetry("garbage")

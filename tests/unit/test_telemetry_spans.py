@@ -11,11 +11,12 @@ from opentelemetry.metrics import NoOpMeter
 from opentelemetry.trace import INVALID_SPAN, SpanKind, StatusCode
 
 from gym_obs.telemetry import names
-from gym_obs.telemetry._state import STATE
 from gym_obs.telemetry.metrics import Instruments, instruments_for
 from gym_obs.telemetry.redaction import REDACTED_USERINFO
 from gym_obs.telemetry.spans import client_span, current_ids, record_exception, set_span_error
-from gym_obs.telemetry.testing import Capture, capture_telemetry
+from gym_obs.telemetry.testing import Capture, capture_telemetry, telemetry_state
+
+STATE = telemetry_state()
 
 
 def test_client_span_is_a_cheap_no_op_when_telemetry_is_off() -> None:

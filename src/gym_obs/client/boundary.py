@@ -14,8 +14,9 @@ import orjson
 
 from gym_obs.client.errors import read_error_body, response_error
 from gym_obs.failures._codec import decode_report
+from gym_obs.failures.errors import InvalidFailureReport
 from gym_obs.failures.event import NgFailureEvent
-from gym_obs.failures.report import FailureReport, InvalidFailureReport, rebuild_failure
+from gym_obs.failures.report import FailureReport, rebuild_failure
 from gym_obs.failures.transport import (
     FAILURE_REPORT_BODY_KEY,
     current_failure_log,

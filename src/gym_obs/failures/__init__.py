@@ -6,7 +6,10 @@ Nothing here imports aiohttp or FastAPI; the client half (``raise_boundary_failu
 
 from __future__ import annotations
 
-from gym_obs.failures.event import EVENT_ID_PATTERN, FailureEvent, ForeignFailure, NgFailureEvent
+from gym_obs.failures._base import EVENT_ID_PATTERN
+from gym_obs.failures._codec import MAX_DECOMPRESSED_BYTES, MAX_ENCODED_CHARS, VERSION_PREFIX
+from gym_obs.failures.errors import InvalidFailureReport
+from gym_obs.failures.event import FailureEvent, ForeignFailure, NgFailureEvent
 from gym_obs.failures.kinds import (
     BOUNDARIES,
     FAILURE_KINDS,
@@ -18,7 +21,6 @@ from gym_obs.failures.kinds import (
 )
 from gym_obs.failures.report import (
     FailureReport,
-    InvalidFailureReport,
     failure_report_for,
     find_boundary_failure,
     rebuild_failure,
@@ -43,7 +45,10 @@ __all__ = [
     "FAILURE_KINDS",
     "FAILURE_REPORT_BODY_KEY",
     "FAILURE_REPORT_HEADER",
+    "MAX_DECOMPRESSED_BYTES",
+    "MAX_ENCODED_CHARS",
     "STAGES",
+    "VERSION_PREFIX",
     "Boundary",
     "FailureEvent",
     "FailureKind",

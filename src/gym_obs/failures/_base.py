@@ -1,4 +1,4 @@
-"""Bounds, id format and the one error type shared by every failure module.
+"""Bounds and the id format shared by every failure module (the error type is in :mod:`.errors`).
 
 Every limit a remote report is checked against lives here, so the encoder (which must produce reports the
 decoder accepts) and the validator cannot drift apart.
@@ -33,10 +33,6 @@ MAX_DEPTH: Final = 32
 MAX_SKIPPED: Final = 1_000_000
 MAX_HTTP_STATUS: Final = 599
 MIN_HTTP_STATUS: Final = 100
-
-
-class InvalidFailureReport(ValueError):
-    """A failure report (or record) failed validation; the only error decoding may raise."""
 
 
 def new_event_id() -> str:

@@ -24,8 +24,9 @@ from typing import Any, Final
 
 import orjson
 
-from gym_obs.failures._base import MAX_SKIPPED, InvalidFailureReport, bounded
+from gym_obs.failures._base import MAX_SKIPPED, bounded
 from gym_obs.failures._shrink import apply_drops, drop_order, final_chain
+from gym_obs.failures.errors import InvalidFailureReport
 from gym_obs.failures.report import FailureReport
 
 VERSION_PREFIX: Final = "v1."

@@ -12,7 +12,6 @@ from typing import Any, Final
 
 import orjson
 
-from gym_obs.config import is_secret_key
 from gym_obs.failures._base import (
     MAX_DETAILS_BYTES,
     MAX_DETAILS_DEPTH,
@@ -22,7 +21,7 @@ from gym_obs.failures._base import (
     utf8_safe,
     without_controls,
 )
-from gym_obs.telemetry.redaction import REDACTED, scrub_text
+from gym_obs.telemetry.redaction import REDACTED, is_secret_key, scrub_text
 
 DETAILS_TRUNCATED: Final = "_truncated"
 """Key of the marker that replaces details which do not fit (``{"_truncated": true}``)."""

@@ -24,11 +24,11 @@ from gym_obs.failures._base import (
     MIN_HTTP_STATUS,
     SPAN_ID_RE,
     TRACE_ID_RE,
-    InvalidFailureReport,
     bounded,
     without_controls,
 )
 from gym_obs.failures._details import check_remote_details
+from gym_obs.failures.errors import InvalidFailureReport
 from gym_obs.failures.kinds import (
     BOUNDARIES,
     FAILURE_KINDS,

@@ -14,20 +14,19 @@ from collections.abc import Mapping
 from typing import Any, TypeAlias
 
 from gym_obs.failures._base import (
-    EVENT_ID_PATTERN,
     MAX_DEPTH,
     MAX_HTTP_STATUS,
     MAX_LABEL_CHARS,
     MAX_REASON_CHARS,
     MAX_TYPE_NAME_CHARS,
     MIN_HTTP_STATUS,
-    InvalidFailureReport,
     bounded,
     new_event_id,
     utf8_safe,
 )
 from gym_obs.failures._details import sanitize_details
 from gym_obs.failures._validation import validate_record
+from gym_obs.failures.errors import InvalidFailureReport
 from gym_obs.failures.kinds import BOUNDARIES, STAGES, Boundary, Stage, validate_failure_kind
 from gym_obs.telemetry._state import STATE
 from gym_obs.telemetry.propagation import current_rollout_id
@@ -35,10 +34,8 @@ from gym_obs.telemetry.redaction import scrub_text
 from gym_obs.telemetry.spans import current_ids
 
 __all__ = [
-    "EVENT_ID_PATTERN",
     "FailureEvent",
     "ForeignFailure",
-    "InvalidFailureReport",
     "NgFailureEvent",
     "exception_type_name",
     "safe_message",

@@ -37,11 +37,11 @@ from gym_obs.failures._base import (
     MAX_DEPTH,
     MAX_EVENTS,
     MAX_SKIPPED,
-    InvalidFailureReport,
     new_event_id,
 )
 from gym_obs.failures._shrink import final_chain, trim_to_count
 from gym_obs.failures._validation import validate_event_map
+from gym_obs.failures.errors import InvalidFailureReport
 from gym_obs.failures.event import (
     FailureEvent,
     ForeignFailure,
@@ -53,7 +53,6 @@ from gym_obs.failures.event import (
 
 __all__ = [
     "FailureReport",
-    "InvalidFailureReport",
     "failure_report_for",
     "find_boundary_failure",
     "rebuild_failure",

@@ -18,17 +18,11 @@ from typing import Any, Final
 
 from opentelemetry import trace
 
-from gym_obs.failures._base import MAX_EVENTS, MAX_SKIPPED, InvalidFailureReport
-from gym_obs.failures._codec import (
-    MAX_DECOMPRESSED_BYTES,
-    MAX_ENCODED_CHARS,
-    MAX_MAX_BYTES,
-    VERSION_PREFIX,
-    decode_report,
-    encode_report,
-)
+from gym_obs.failures._base import MAX_EVENTS, MAX_SKIPPED
+from gym_obs.failures._codec import MAX_MAX_BYTES, decode_report, encode_report
 from gym_obs.failures._shrink import trim_to_count
 from gym_obs.failures._validation import check_graph
+from gym_obs.failures.errors import InvalidFailureReport
 from gym_obs.failures.event import NgFailureEvent
 from gym_obs.failures.kinds import failure_kind_label
 from gym_obs.failures.report import FailureReport, _walk
@@ -40,11 +34,7 @@ from gym_obs.telemetry.spans import record_exception
 __all__ = [
     "FAILURE_REPORT_BODY_KEY",
     "FAILURE_REPORT_HEADER",
-    "MAX_DECOMPRESSED_BYTES",
-    "MAX_ENCODED_CHARS",
     "MAX_HEADER_CHARS",
-    "VERSION_PREFIX",
-    "InvalidFailureReport",
     "RequestFailureLog",
     "current_failure_log",
     "decode_failure_report",

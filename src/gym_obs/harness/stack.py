@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from gym_obs.config import GlobalConfig, TelemetryConfig, parse_global_config
+from gym_obs.config import GlobalConfig, parse_global_config
 from gym_obs.harness.faults import ROLES, FaultPlan, FaultPlanError
 from gym_obs.harness.servers import ENTRYPOINTS
 from gym_obs.harness.servers._common import ROLE_SERVER_TYPES
 from gym_obs.telemetry import names
+from gym_obs.telemetry.settings import TelemetryConfig
 from gym_obs.telemetry.setup import launch_run_id
 
 __all__ = [

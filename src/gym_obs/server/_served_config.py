@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from gym_obs.config import GlobalConfig, is_secret_key
-from gym_obs.telemetry.redaction import REDACTED, scrub_text
+from gym_obs.config import GlobalConfig
+from gym_obs.telemetry.redaction import REDACTED, is_secret_key, scrub_text
 
 __all__ = ["served_config"]
 

@@ -26,11 +26,12 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from gym_obs.client._addresses import server_base_url
-from gym_obs.config import GlobalConfig, ServerInstanceConfig, TelemetryConfig
+from gym_obs.config import GlobalConfig, ServerInstanceConfig
 from gym_obs.server._access_log import install_query_free_access_log
 from gym_obs.server._native_telemetry import disable_native_telemetry
 from gym_obs.server._served_config import served_config
 from gym_obs.server.uvicorn import bind_listen_socket, build_uvicorn_config, serve_uvicorn
+from gym_obs.telemetry.settings import TelemetryConfig
 from gym_obs.telemetry.setup import setup_telemetry
 
 __all__ = ["HEAD_SERVER_NAME", "HEAD_SERVER_ROUTES", "HeadServer", "ServerStatus"]

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Final
 
-import gym_obs
+from gym_obs import _version
 from gym_obs.client._addresses import server_base_url
 from gym_obs.config import GlobalConfig, load_global_config
 from gym_obs.server.head_server import HEAD_SERVER_NAME
@@ -336,7 +336,7 @@ def _child_environment(config: GlobalConfig, extra: Mapping[str, str] | None) ->
     env[names.ENV_GLOBAL_CONFIG] = config.model_dump_json()
     env["PYTHONUNBUFFERED"] = "1"
     # Children run the same gym_obs as the launcher, installed or not.
-    package_root = str(Path(gym_obs.__file__).resolve().parent.parent)
+    package_root = str(Path(_version.__file__).resolve().parent.parent)
     paths = [package_root, *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     return env

@@ -25,8 +25,8 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter, SpanExportResult
 
-from gym_obs.telemetry._env import OtlpTarget
 from gym_obs.telemetry.redaction import redact_url, scrub_text
+from gym_obs.telemetry.settings import OtlpTarget
 
 LOGGER: Final = logging.getLogger("gym_obs.telemetry")
 

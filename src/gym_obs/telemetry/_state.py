@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from gym_obs.telemetry.metrics import Instruments
 
 
-class _TelemetryState:
+class TelemetryState:
     """Mutable singleton; written only by ``setup_telemetry``/shutdown (and test helpers)."""
 
     __slots__ = ("enabled", "instruments", "propagation_targets", "server_name", "tracer", "traces_enabled")
@@ -35,4 +35,4 @@ class _TelemetryState:
             setattr(self, name, value)
 
 
-STATE = _TelemetryState()
+STATE = TelemetryState()

@@ -24,9 +24,9 @@ from typing import Final
 
 from gym_obs.telemetry.redaction import scrub_text
 
-__all__ = ["MAX_MARKER_CHARS", "bounded_excerpt", "elision_marker"]
+__all__ = ["MAX_MARKER_CHARS", "UPSTREAM_ERROR_LOG_BODY_CHARS", "bounded_excerpt", "elision_marker"]
 
-_UPSTREAM_ERROR_LOG_BODY_CHARS: Final = 2000
+UPSTREAM_ERROR_LOG_BODY_CHARS: Final = 2000
 """Default excerpt size for upstream error bodies."""
 
 MAX_MARKER_CHARS: Final = 40
@@ -64,7 +64,7 @@ def elision_marker(count: int, unit: str = "chars") -> str:
     return f"…[{count} {unit} elided]…"
 
 
-def bounded_excerpt(content: bytes | str | None, limit: int = _UPSTREAM_ERROR_LOG_BODY_CHARS) -> str:
+def bounded_excerpt(content: bytes | str | None, limit: int = UPSTREAM_ERROR_LOG_BODY_CHARS) -> str:
     """Render ``content`` as at most ``limit`` characters plus one elision marker (see the module doc).
 
     The marker counts rendered characters for bodies small enough to render whole (up to ``4 * limit +

@@ -19,6 +19,7 @@ __all__ = [
     "SENSITIVE_HEADERS",
     "URL_PLACEHOLDER",
     "escape_controls",
+    "is_secret_key",
     "redact_url",
     "scrub_headers",
     "scrub_text",
@@ -54,6 +55,18 @@ SENSITIVE_HEADERS: Final[frozenset[str]] = frozenset(
     }
 )
 """Header names (lowercase) whose values are never recorded."""
+
+# A key naming a secret: its value is never served by the head server, echoed in a config error or kept in
+# a failure's details. One rule for config keys and details keys alike.
+_SECRET_KEY: Final = re.compile(
+    r"api[_-]?key|apikey|secret|token|passw|passphrase|pwd|auth|credential|cookie|signature|private[_-]?key",
+    re.IGNORECASE,
+)
+
+
+def is_secret_key(key: object) -> bool:
+    """Whether a key names a secret (``session_secret``, ``api_key``, ``OPENAI_API_KEY``, …)."""
+    return isinstance(key, str) and _SECRET_KEY.search(key) is not None
 
 # --- URLs ------------------------------------------------------------------------------------------------
 

@@ -30,8 +30,8 @@ from typing import Final
 from opentelemetry.metrics import CallbackOptions, Histogram, Meter, Observation
 
 from gym_obs.telemetry import names
-from gym_obs.telemetry._env import _FALSE, _TRUE
 from gym_obs.telemetry._state import STATE
+from gym_obs.telemetry.settings import ENV_FALSE, ENV_TRUE
 
 __all__ = ["process_gauges_requested", "start_process_gauges", "stop_process_gauges"]
 
@@ -321,9 +321,9 @@ def process_gauges_requested(explicit: bool | None = None, env: Mapping[str, str
         return explicit
     raw = (os.environ if env is None else env).get(names.ENV_PROCESS_GAUGES, "")
     value = raw.strip().lower()
-    if value in _TRUE:
+    if value in ENV_TRUE:
         return True
-    if value not in _FALSE:
+    if value not in ENV_FALSE:
         LOGGER.warning(
             "%s=%r is not a boolean (use 1 or 0); process gauges stay off", names.ENV_PROCESS_GAUGES, raw[:40]
         )

@@ -53,10 +53,8 @@ from opentelemetry.sdk.trace.sampling import (
 )
 from opentelemetry.sdk.version import __version__ as sdk_version
 
-import gym_obs
-from gym_obs.config import TelemetryConfig
+from gym_obs._version import __version__
 from gym_obs.telemetry import _override, names
-from gym_obs.telemetry._env import Settings, resolve_run_id, resolve_settings
 from gym_obs.telemetry._exporters import (
     LOGGER,
     build_metric_exporters,
@@ -67,8 +65,9 @@ from gym_obs.telemetry._sdk_env import SDK_ENV_PROBLEMS
 from gym_obs.telemetry._state import STATE
 from gym_obs.telemetry.metrics import instruments_for
 from gym_obs.telemetry.redaction import scrub_text
+from gym_obs.telemetry.settings import Settings, TelemetryConfig, resolve_run_id, resolve_settings
 
-__all__ = ["TelemetryHandle", "launch_run_id", "setup_telemetry", "shutdown_telemetry"]
+__all__ = ["TelemetryHandle", "launch_run_id", "sampler_for", "setup_telemetry", "shutdown_telemetry"]
 
 _ATEXIT_TIMEOUT_S: Final = 3.0
 
@@ -337,7 +336,7 @@ def _resource(
         TELEMETRY_SDK_VERSION: sdk_version,
         PROCESS_PID: os.getpid(),
     }
-    attributes[names.SERVICE_VERSION] = gym_obs.__version__
+    attributes[names.SERVICE_VERSION] = __version__
     attributes.update(settings.resource_attributes)
     version = os.environ.get(names.ENV_SERVICE_VERSION, "").strip()
     if version:
@@ -363,7 +362,8 @@ def _encodable(value: Any) -> Any:
     return value
 
 
-def _sampler(settings: Settings) -> Sampler:
+def sampler_for(settings: Settings) -> Sampler:
+    """The SDK sampler the resolved settings name (``OTEL_TRACES_SAMPLER`` and its argument)."""
     ratio = TraceIdRatioBased(settings.sampler_ratio)
     samplers: dict[str, Sampler] = {
         "always_on": ALWAYS_ON,
@@ -400,7 +400,7 @@ def _tracer_provider(
     )
     if not exporters:
         return None, False
-    tp = TracerProvider(resource=resource, sampler=_sampler(settings), shutdown_on_exit=False)
+    tp = TracerProvider(resource=resource, sampler=sampler_for(settings), shutdown_on_exit=False)
     for _, exporter in exporters:
         tp.add_span_processor(
             BatchSpanProcessor(

@@ -39,10 +39,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
 
 from gym_obs.telemetry import _override, names
-from gym_obs.telemetry._state import STATE
+from gym_obs.telemetry._state import STATE, TelemetryState
 from gym_obs.telemetry.metrics import instruments_for
 
-__all__ = ["Capture", "MetricPoint", "capture_telemetry", "points_by_attributes"]
+__all__ = ["Capture", "MetricPoint", "capture_telemetry", "points_by_attributes", "telemetry_state"]
 
 TEST_SERVER_NAME: Final = "test"
 
@@ -240,3 +240,13 @@ def capture_telemetry() -> Iterator[Capture]:
 def points_by_attributes(points: list[MetricPoint]) -> Mapping[frozenset[tuple[str, Any]], MetricPoint]:
     """Index points by their attribute set, for assertions on one label combination."""
     return {frozenset(p.attributes.items()): p for p in points}
+
+
+def telemetry_state() -> TelemetryState:
+    """The process-wide switch every instrumented site checks (``enabled``, ``tracer``, ``instruments``...).
+
+    The public seam for tests that read it, or flip one field for a block and restore it afterwards (a
+    ``finally``, or ``snapshot()``/``restore()``); :func:`capture_telemetry` and ``setup_telemetry`` are what
+    write it otherwise.
+    """
+    return STATE

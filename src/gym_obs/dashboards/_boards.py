@@ -1,6 +1,7 @@
 """The four gym dashboards, each a list of the questions a person running rollouts asks.
 
-Metric and label names come only from :mod:`gym_obs.dashboards` specs and :mod:`gym_obs.telemetry.names`.
+Metric and label names come only from :mod:`gym_obs.dashboards.metrics` specs and
+:mod:`gym_obs.telemetry.names`.
 """
 
 from __future__ import annotations
@@ -8,12 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
-from gym_obs import _dashboard_panels as p
-from gym_obs.dashboards import (
+from gym_obs.dashboards import _panels as p
+from gym_obs.dashboards.metrics import (
     CLIENT_REQUEST_DURATION,
     CLIENT_RETRIES,
     FAILURE_EVENTS,
-    JOB_LABEL,
     POOL_CONNECTIONS,
     POOL_PENDING_REQUESTS,
     POOL_WAIT_DURATION,
@@ -21,6 +21,7 @@ from gym_obs.dashboards import (
     ROLLOUTS,
     SERVER_REQUEST_DURATION,
 )
+from gym_obs.dashboards.naming import JOB_LABEL
 from gym_obs.telemetry import names
 
 _QUANTILES: Final = (0.5, 0.9, 0.99)

@@ -1,8 +1,11 @@
-"""Resolve telemetry settings: explicit config, else the standard ``OTEL_*`` environment, else defaults.
+"""The telemetry config model and how it meets the ``OTEL_*``/``GYM_OBS_*`` environment.
 
-Pure (the environment is passed in) so every garbage value can be tested in-process. A bad value never
-raises: it becomes a *problem* (one sentence naming the variable, the value and what happens instead) and the
-setting falls back to something safe, usually "that part of telemetry is off".
+:class:`TelemetryConfig` is the ``telemetry:`` section of the global config (``gym_obs.config`` nests it);
+it lives here because the bottom layer owns what it reads. :func:`resolve_settings` merges it with the
+environment: explicit config, else the standard ``OTEL_*`` variables, else defaults. Pure (the environment
+is passed in) so every garbage value can be tested in-process. A bad value never raises: it becomes a
+*problem* (one sentence naming the variable, the value and what happens instead) and the setting falls back
+to something safe, usually "that part of telemetry is off".
 """
 
 from __future__ import annotations
@@ -10,13 +13,39 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Literal
 from urllib.parse import unquote, urlsplit
 
-from gym_obs.config import TelemetryConfig
+from pydantic import BaseModel, ConfigDict, Field
+
 from gym_obs.telemetry import names
 from gym_obs.telemetry.propagation import parse_propagation_targets
 from gym_obs.telemetry.redaction import scrub_text
+
+__all__ = [
+    "DEFAULT_FILE_EXPORT_DIR",
+    "DEFAULT_METRIC_EXPORT_INTERVAL_MS",
+    "DEFAULT_PROMETHEUS_HOST",
+    "DEFAULT_PROMETHEUS_PORT",
+    "DEFAULT_SAMPLER",
+    "DEFAULT_SPAN_SCHEDULE_DELAY_MS",
+    "ENV_FALSE",
+    "ENV_TRUE",
+    "METRICS_EXPORTERS",
+    "PROTOCOLS",
+    "SAMPLERS",
+    "TRACES_EXPORTERS",
+    "OtlpProtocol",
+    "OtlpTarget",
+    "Settings",
+    "TelemetryConfig",
+    "parse_resource_attributes",
+    "resolve_run_id",
+    "resolve_settings",
+    "scheduler_job_id",
+]
+
+OtlpProtocol = Literal["http/protobuf", "grpc"]
 
 TRACES_EXPORTERS: Final = ("otlp", "console", "file", "none")
 METRICS_EXPORTERS: Final = ("otlp", "console", "prometheus", "file", "none")
@@ -37,8 +66,37 @@ DEFAULT_PROMETHEUS_PORT: Final = 9464
 DEFAULT_SPAN_SCHEDULE_DELAY_MS: Final = 5000
 _DEFAULT_ENDPOINTS: Final = {"http/protobuf": "http://localhost:4318", "grpc": "http://localhost:4317"}
 _HTTP_PATHS: Final = {"traces": "/v1/traces", "metrics": "/v1/metrics"}
-_TRUE: Final = frozenset({"1", "true", "yes", "on"})
-_FALSE: Final = frozenset({"", "0", "false", "no", "off"})
+ENV_TRUE: Final = frozenset({"1", "true", "yes", "on"})
+"""Values of a boolean ``GYM_OBS_*`` switch that mean on (after strip and lower-case)."""
+ENV_FALSE: Final = frozenset({"", "0", "false", "no", "off"})
+"""Values that mean off; anything else is a problem reported once, and the switch stays off."""
+
+
+class TelemetryConfig(BaseModel):
+    """Telemetry settings. ``None`` means: take it from the standard ``OTEL_*`` environment, else default.
+
+    Unknown keys are errors: a typo in a config file must not be silently ignored.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool | None = None
+    traces_exporter: str | None = None  # otlp | console | none (comma-separated allowed)
+    metrics_exporter: str | None = None  # otlp | console | prometheus | none
+    otlp_endpoint: str | None = None
+    otlp_protocol: OtlpProtocol | None = None
+    sampler: str | None = None
+    sampler_arg: str | None = None
+    metric_export_interval_ms: int | None = Field(default=None, gt=0)
+    prometheus_host: str | None = None
+    prometheus_port: int | None = Field(default=None, ge=0, le=65535)
+    resource_attributes: dict[str, str] = Field(default_factory=dict)
+    run_id: str | None = None
+    trace_propagation_targets: list[str] | None = None
+    span_queue_size: int = Field(default=2048, gt=0)
+    span_batch_size: int = Field(default=512, gt=0)
+    export_timeout_ms: int = Field(default=10_000, gt=0)
+    file_export_dir: str | None = None  # exporter `file`: OTLP JSON lines here (else GYM_OBS_TELEMETRY_DIR)
 
 
 @dataclass(frozen=True)
@@ -90,9 +148,9 @@ def _env(env: Mapping[str, str], name: str) -> str | None:
 
 def _parse_bool(name: str, raw: str | None, problems: _Problems) -> bool:
     value = (raw or "").strip().lower()
-    if value in _TRUE:
+    if value in ENV_TRUE:
         return True
-    if value not in _FALSE:
+    if value not in ENV_FALSE:
         problems.add(f"{name}={raw!r} is not a boolean (use 1 or 0); telemetry stays off")
     return False
 

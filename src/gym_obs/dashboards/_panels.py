@@ -1,4 +1,4 @@
-"""Panel, query and variable building blocks for :mod:`gym_obs._dashboard_defs`.
+"""Panel, query and variable building blocks for :mod:`gym_obs.dashboards._boards`.
 
 Wraps grafana-foundation-sdk so each dashboard reads as a list of questions: a fixed two-column grid and a
 panel id counter make the generated JSON identical on every build, and every histogram panel is forced to
@@ -22,7 +22,8 @@ from grafana_foundation_sdk.models import dashboard as dash_m
 from grafana_foundation_sdk.models import piechart as piechart_m
 from grafana_foundation_sdk.models import prometheus as prom_m
 
-from gym_obs.dashboards import JOB_LABEL, PROMETHEUS_DATASOURCE_UID, MetricSpec, prometheus_label
+from gym_obs.dashboards.metrics import MetricSpec
+from gym_obs.dashboards.naming import JOB_LABEL, PROMETHEUS_DATASOURCE_UID, prometheus_label
 from gym_obs.telemetry import names
 
 PROMETHEUS_DS = dash_m.DataSourceRef(type_val="prometheus", uid=PROMETHEUS_DATASOURCE_UID)
