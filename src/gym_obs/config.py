@@ -7,6 +7,7 @@ place with errors that name the bad key. Standard library and pydantic only: eve
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import os
 import re
 from typing import Any, ClassVar, Literal
@@ -187,6 +188,8 @@ class ServerInstanceConfig(BaseModel):
     # CPU profiling for the server's lifetime (extra `profiling`); reports on shutdown and GET /stats.
     profiling_enabled: bool = False
     profiling_results_dirpath: str | None = None
+    # Who may read the control routes (``/_gym/inflight``) besides loopback: addresses or CIDR networks.
+    control_allow_ips: list[str] = Field(default_factory=list)
 
     _check_numbers = field_validator(
         "port", "num_workers", "backlog", "timeout_keep_alive_s", "startup_timeout_s", mode="before"
@@ -200,6 +203,16 @@ class ServerInstanceConfig(BaseModel):
     def _redacted_secret_is_unset(cls, value: object) -> object:
         """A config fetched from the head server has ``[REDACTED]`` here: no secret, not a 10-char one."""
         return None if value == _REDACTED else value
+
+    @field_validator("control_allow_ips")
+    @classmethod
+    def _check_networks(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(f"{entry!r} is not an IP address or CIDR network") from None
+        return value
 
     @field_validator("entrypoint")
     @classmethod

@@ -138,6 +138,7 @@ TRACEPARENT_PATTERN: Final = r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}"
 SESSION_COOKIE: Final = "gym_obs_session"  # signed session token (issue 8)
 SESSION_HEADER: Final = "X-NG-Session"  # the same token for callers without a cookie jar
 SESSION_FORWARDED_HEADER: Final = "X-NG-Session-Forwarded"  # set by a worker proxying to the session owner
+INFLIGHT_ROUTE: Final = "/_gym/inflight"  # control route: the agent's in-flight rollouts (issue 18)
 
 # --- environment -----------------------------------------------------------------------------------------
 ENV_TELEMETRY: Final = "GYM_OBS_TELEMETRY"
