@@ -13,7 +13,7 @@ interesting ones) and counted in ``evicted``. A snapshot lists at most ``MAX_LIM
 
 from __future__ import annotations
 
-import asyncio
+import contextvars
 import os
 import time
 from collections.abc import Mapping
@@ -48,15 +48,19 @@ _MAX_HOPS_SHOWN: Final = 8
 _EXTERNAL: Final = "external"
 
 _monotonic = time.monotonic
-_current_task = asyncio.current_task
+_HOP: Final[contextvars.ContextVar[_Hop | None]] = contextvars.ContextVar(
+    "gym_obs_inflight_hop", default=None
+)
+"""The hop the current task is sending (a fan-out's parallel hops each run in a task of their own)."""
 
 
 class _Hop:
     """One request of a rollout in progress: where it goes, which attempt, since when."""
 
-    __slots__ = ("attempt", "since", "url")
+    __slots__ = ("attempt", "row", "since", "url")
 
-    def __init__(self, url: object, attempt: int, since: float) -> None:
+    def __init__(self, row: _Rollout, url: object, attempt: int, since: float) -> None:
+        self.row = row
         self.url = url
         self.attempt = attempt
         self.since = since
@@ -71,9 +75,9 @@ class _Rollout:
         self.started_wall = time.time()
         self.stage = DEFAULT_STAGE
         self.progress = now
-        # Keyed by the asyncio task sending: parallel hops of one rollout (a fan-out) run in their own
-        # tasks, sequential hops of one task never overlap.
-        self.hops: dict[object, _Hop] = {}
+        # The hops in progress (an insertion-ordered set): parallel hops of one rollout (a fan-out) run in
+        # tasks of their own, each holding its hop in a context variable; sequential hops never overlap.
+        self.hops: dict[_Hop, None] = {}
         self.retries = 0
         self.depth = 1  # requests of this rollout being handled (a caller's re-sent request overlaps)
 
@@ -131,7 +135,7 @@ class InflightTable:
     def _row(self, row: _Rollout, now: float, stall_after_s: float) -> dict[str, Any]:
         hops = [
             {"server": self._server(hop.url), "attempt": hop.attempt, "elapsed_s": round(now - hop.since, 3)}
-            for hop in list(row.hops.values())[:_MAX_HOPS_SHOWN]
+            for hop in list(row.hops)[:_MAX_HOPS_SHOWN]
         ]
         since_progress = now - row.progress
         return {
@@ -143,7 +147,7 @@ class InflightTable:
             "hops_in_flight": len(row.hops),
             "hops": hops,
             "retries": row.retries,
-            "retrying": any(hop.attempt > 1 for hop in row.hops.values()),
+            "retrying": any(hop.attempt > 1 for hop in list(row.hops)),
             "stalled": since_progress >= stall_after_s,
         }
 
@@ -162,11 +166,12 @@ class InflightTable:
         n_stalled = n_retrying = 0
         for row in list(self.rows.values()):
             by_stage[row.stage] = by_stage.get(row.stage, 0) + 1
-            for hop in list(row.hops.values()):
+            hops = list(row.hops)
+            for hop in hops:
                 server = self._server(hop.url)
                 by_server[server] = by_server.get(server, 0) + 1
             is_stalled = now - row.progress >= stall_after_s
-            is_retrying = any(hop.attempt > 1 for hop in row.hops.values())
+            is_retrying = any(hop.attempt > 1 for hop in hops)
             n_stalled += is_stalled
             n_retrying += is_retrying
             if len(oldest) < limit:
@@ -283,6 +288,15 @@ def hop_attempt(url: object, attempt: int) -> None:
     """Attempt ``attempt`` of the current task's request to ``url`` (str or yarl URL) starts now."""
     if not _enabled:
         return
+    hop = _HOP.get()
+    if hop is not None:  # a retry of the request in progress
+        now = hop.row.progress = _monotonic()
+        hop.url = url
+        hop.attempt = attempt
+        hop.since = now
+        if attempt > 1:
+            hop.row.retries += 1
+        return
     rollout_id = ROLLOUT_ID.get()
     if rollout_id is None:
         return
@@ -290,27 +304,20 @@ def hop_attempt(url: object, attempt: int) -> None:
     if row is None:
         return
     now = row.progress = _monotonic()
-    task = _current_task()
-    hop = row.hops.get(task)
-    if hop is None:
-        row.hops[task] = _Hop(url, attempt, now)
-        return
-    hop.url = url
-    hop.attempt = attempt
-    hop.since = now
-    if attempt > 1:
-        row.retries += 1
+    hop = _Hop(row, url, attempt, now)
+    row.hops[hop] = None
+    _HOP.set(hop)
 
 
 def hop_done() -> None:
     """The current task's request ended (reply, error or cancellation)."""
     if not _enabled:
         return
-    rollout_id = ROLLOUT_ID.get()
-    if rollout_id is None:
-        return
-    row = _TABLE.rows.get(rollout_id)
-    if row is not None and row.hops.pop(_current_task(), None) is not None:
+    hop = _HOP.get()
+    if hop is not None:
+        _HOP.set(None)
+        row = hop.row
+        row.hops.pop(hop, None)
         row.progress = _monotonic()
 
 
