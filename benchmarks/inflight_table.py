@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
-from gym_obs.telemetry import inflight  # noqa: E402
-from gym_obs.telemetry.propagation import rollout_context  # noqa: E402
+from gym_obs.telemetry import inflight
+from gym_obs.telemetry.propagation import rollout_context
 
 TRACKED_HOP_BUDGET_X = 10.0
 URL = "http://127.0.0.1:11002/v1/responses"

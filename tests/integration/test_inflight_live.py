@@ -77,7 +77,9 @@ class _Rollouts:
                     asyncio.create_task(self._one(session, i))
                     for i in range(first, min(first + self.batch, self.count))
                 ]
-                while await self._in_flight(session) < len(tasks):
+                while True:
+                    if await self._in_flight(session) >= len(tasks):
+                        break
                     await asyncio.sleep(0.1)
             self._loop.call_soon(self.sent.set)
             await self._stop.wait()

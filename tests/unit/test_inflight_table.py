@@ -103,7 +103,9 @@ def test_stalled_after_no_progress_and_lists_are_capped() -> None:
         cm.__exit__(None, None, None)
 
 
-async def _call(route: InflightRoute, client: tuple[str, int] | None, query: bytes = b"", method: str = "GET"):
+async def _call(
+    route: InflightRoute, client: tuple[str, int] | None, query: bytes = b"", method: str = "GET"
+) -> tuple[int, dict[str, Any]]:
     scope = {"type": "http", "method": method, "path": names.INFLIGHT_ROUTE, "query_string": query,
              "headers": [], "client": client}  # fmt: skip
     sent: list[dict[str, Any]] = []
