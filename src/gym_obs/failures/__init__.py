@@ -6,6 +6,7 @@ Nothing here imports aiohttp or FastAPI; the client half (``raise_boundary_failu
 
 from __future__ import annotations
 
+from gym_obs.failures.causes import cause_types, caused_by
 from gym_obs.failures.event import EVENT_ID_PATTERN, FailureEvent, ForeignFailure, NgFailureEvent
 from gym_obs.failures.kinds import (
     BOUNDARIES,
@@ -53,6 +54,8 @@ __all__ = [
     "NgFailureEvent",
     "RequestFailureLog",
     "Stage",
+    "cause_types",
+    "caused_by",
     "current_failure_log",
     "decode_failure_report",
     "encode_failure_report",
