@@ -10,7 +10,7 @@ import difflib
 import ipaddress
 import os
 import re
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -132,6 +132,9 @@ def is_secret_key(key: object) -> bool:
     """Whether a config key names a secret (``session_secret``, ``api_key``, ``OPENAI_API_KEY``, …)."""
     return isinstance(key, str) and _SECRET_KEY.search(key) is not None
 _ENTRYPOINT_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"
+#: The server types of a global config (NeMo Gym's): each decides the boundary its failures are reported
+#: at (model, resources_server, agent) and what the runtime adds (model-call metrics, the in-flight table).
+SERVER_TYPES: Final = ("responses_api_agents", "responses_api_models", "resources_servers")
 
 
 class ConfigError(ValueError):
@@ -203,6 +206,13 @@ class ServerInstanceConfig(BaseModel):
     def _redacted_secret_is_unset(cls, value: object) -> object:
         """A config fetched from the head server has ``[REDACTED]`` here: no secret, not a 10-char one."""
         return None if value == _REDACTED else value
+
+    @field_validator("server_type")
+    @classmethod
+    def _check_server_type(cls, value: str) -> str:
+        if value not in SERVER_TYPES:
+            raise ValueError(f"unknown server_type {value!r}; valid: {', '.join(SERVER_TYPES)}")
+        return value
 
     @field_validator("control_allow_ips")
     @classmethod

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 from collections.abc import Iterator
@@ -141,3 +142,28 @@ def test_route_answers_loopback_and_allowed_networks_only() -> None:
             assert (await _call(route, ("127.0.0.1", 1), b"limit=99999"))[1]["limit"] == inflight.MAX_LIMIT
 
     asyncio.run(main())
+
+
+def test_control_allow_ips_must_be_addresses_or_networks() -> None:
+    from gym_obs.config import ConfigError, parse_global_config
+
+    def server(allow: object) -> dict[str, object]:
+        entry = {"entrypoint": "a.b:C", "server_type": "responses_api_agents", "port": 16799}
+        return {"servers": {"agent": {**entry, "control_allow_ips": allow}}}
+
+    config = parse_global_config(server(["10.0.0.0/8", "192.168.1.7", "::1"]))
+    assert config.servers["agent"].control_allow_ips == ["10.0.0.0/8", "192.168.1.7", "::1"]
+    with pytest.raises(ConfigError, match=r"'example\.com' is not an IP address or CIDR network"):
+        parse_global_config(server(["example.com"]))
+
+
+def test_top_help_states_every_default() -> None:
+    from gym_obs.cli import build_parser
+
+    parser = build_parser()
+    top = next(
+        action.choices["top"] for action in parser._actions if isinstance(action, argparse._SubParsersAction)
+    )
+    for action in top._actions:
+        if action.option_strings and action.dest != "help":
+            assert "default" in (action.help or ""), action.option_strings

@@ -88,7 +88,9 @@ def test_nofile_needed_follows_the_config() -> None:
     from gym_obs.config import GlobalAIOHTTPAsyncClientConfig, ServerInstanceConfig
     from gym_obs.server.ops import nofile_needed
 
-    server = ServerInstanceConfig(entrypoint="a.b:C", server_type="x", port=16790, backlog=100)
+    server = ServerInstanceConfig(
+        entrypoint="a.b:C", server_type="resources_servers", port=16790, backlog=100
+    )
     client = GlobalAIOHTTPAsyncClientConfig(
         global_aiohttp_connector_limit_per_host=50, global_aiohttp_control_connector_limit=10
     )

@@ -293,7 +293,6 @@ async def test_http_exceptions_stay_ordinary_replies(client: httpx.AsyncClient) 
         ("responses_api_models", "model"),
         ("resources_servers", "resources_server"),
         ("responses_api_agents", "agent"),
-        ("something_else", "harness"),
     ],
 )
 async def test_boundary_follows_the_server_type(server_type: str, boundary: str) -> None:
@@ -359,3 +358,16 @@ def test_setup_webserver_must_return_fastapi() -> None:
 
     with pytest.raises(TypeError, match="must return a FastAPI app"):
         NotFastAPI("demo", _config()).build_app()
+
+
+def test_an_unknown_server_type_is_a_config_error_naming_the_valid_ones() -> None:
+    from gym_obs.config import SERVER_TYPES, ConfigError
+    from gym_obs.server._failure_reply import _BOUNDARIES, boundary_for_server_type
+
+    with pytest.raises(ConfigError) as caught:
+        _config("something_else")
+    message = str(caught.value)
+    assert "servers.demo.server_type" in message and "'something_else'" in message
+    assert all(valid in message for valid in SERVER_TYPES)
+    assert set(_BOUNDARIES) == set(SERVER_TYPES)  # every valid type has its boundary
+    assert boundary_for_server_type(None) == boundary_for_server_type("something_else") == "harness"
