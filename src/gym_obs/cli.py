@@ -41,7 +41,11 @@ def _add_dashboards(subparsers: _Subparsers[argparse.ArgumentParser]) -> None:
     build.add_argument(
         "--out", type=Path, default=Path("dashboards"), help="output directory (default: dashboards)"
     )
-    build.add_argument("--check", action="store_true", help="write nothing; exit 1 if a file is out of date")
+    build.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 if a file is out of date (default: write the files)",
+    )
     build.set_defaults(handler=_dashboards_build)
 
 
@@ -145,7 +149,7 @@ def _add_explain(subparsers: _Subparsers[argparse.ArgumentParser]) -> None:
     parser.add_argument(
         "run_dir", type=Path, nargs="?", default=Path("harness-out"), help="run folder (default: harness-out)"
     )
-    parser.add_argument("--json", action="store_true", help="print JSON for scripts")
+    parser.add_argument("--json", action="store_true", help="print JSON for scripts (default: text)")
     _add_grafana_url(parser)
     parser.set_defaults(handler=_explain)
 
@@ -180,10 +184,17 @@ def _add_top(subparsers: _Subparsers[argparse.ArgumentParser]) -> None:
         "per server. An agent that does not answer is shown as such. Ctrl-C exits.",
     )
     parser.add_argument(
-        "config", type=Path, nargs="?", default=None, help="the global config (YAML) naming the head server"
+        "config",
+        type=Path,
+        nargs="?",
+        default=None,
+        help="the global config (YAML) naming the head server (default: none, see --head)",
     )
     parser.add_argument(
-        "--head", default=None, help="the head server's URL (default: CONFIG's, else http://127.0.0.1:11000)"
+        "--head",
+        default=None,
+        help="the head server's URL (default: CONFIG's, else $GYM_OBS_HEAD_SERVER, "
+        "else http://127.0.0.1:11000)",
     )
     parser.add_argument("--once", action="store_true", help="print one view and exit (default: refresh)")
     parser.add_argument("--json", action="store_true", help="print JSON for scripts (default: text)")

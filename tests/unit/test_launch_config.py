@@ -38,3 +38,24 @@ def test_launch_rejects_a_bad_config_before_starting_anything(config: object, me
     with pytest.raises(ConfigError) as caught, launch(config, log_dir="/nonexistent/never-created"):  # type: ignore[arg-type]
         raise AssertionError("launch() started with a bad config")
     assert message in str(caught.value)
+
+
+def test_the_head_server_address_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gym_obs.client.server_client import head_server_from_environment
+    from gym_obs.server.top import head_url_for
+
+    monkeypatch.delenv("GYM_OBS_HEAD_SERVER", raising=False)
+    assert head_server_from_environment() is None
+    assert head_url_for(None, None) == "http://127.0.0.1:11000"
+    cases = [("10.0.0.5:12000", "10.0.0.5", 12000), ("http://h.example:80/", "h.example", 80),
+             ("[::1]:16790", "::1", 16790)]  # fmt: skip
+    for value, host, port in cases:
+        monkeypatch.setenv("GYM_OBS_HEAD_SERVER", value)
+        head = head_server_from_environment()
+        assert head is not None and (head.host, head.port) == (host, port)
+    assert head_url_for(None, None) == "http://[::1]:16790"
+    assert head_url_for(None, "http://elsewhere:1/") == "http://elsewhere:1"  # --head wins
+    for bad in ("nohost", "h:notaport", "h:70000", "http://h:1/path"):
+        monkeypatch.setenv("GYM_OBS_HEAD_SERVER", bad)
+        with pytest.raises(ConfigError, match="GYM_OBS_HEAD_SERVER must be host:port"):
+            head_server_from_environment()

@@ -23,6 +23,7 @@ from typing import IO, Any, Final
 import aiohttp
 
 from gym_obs.client._addresses import server_base_url
+from gym_obs.client.server_client import head_server_from_environment
 from gym_obs.config import ConfigError, HeadServerConfig, load_global_config
 from gym_obs.server._failure_reply import boundary_for_server_type
 from gym_obs.server._top_render import render_text
@@ -91,10 +92,14 @@ class TopView:
 
 
 def head_url_for(config: Path | None, head: str | None) -> str:
-    """``--head URL`` as given, else the head server of ``CONFIG``, else the default 127.0.0.1:11000."""
+    """``--head URL`` as given, else the head server of ``CONFIG``, else ``GYM_OBS_HEAD_SERVER``, else the
+    default 127.0.0.1:11000."""
     if head:
         return head.rstrip("/")
-    head_config = load_global_config(config).head_server if config is not None else HeadServerConfig()
+    if config is not None:
+        head_config = load_global_config(config).head_server
+    else:
+        head_config = head_server_from_environment() or HeadServerConfig()
     return server_base_url(head_config.host, head_config.port)
 
 
