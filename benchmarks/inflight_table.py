@@ -4,7 +4,7 @@ Run: ``python3 benchmarks/inflight_table.py [--runs N]``. Each case is one hop's
 attempt loop's ``inflight.hop_attempt(url, 1)`` and ``inflight.hop_done()``), timed inside an asyncio task
 as the client runs them, in several runs; the median per-hop cost is printed next to two baselines measured
 in the same process: two empty function calls (the hooks' call overhead) and a bare dict set + pop (the
-update the table does). Exit status 1 if a tracked hop costs more than 10x the two empty calls (a ratio:
+update the table does). Exit status 1 if a tracked hop costs more than 25x the two empty calls (a ratio:
 absolute numbers swing with the machine's load; either way it is far below 1% of a loopback request
 through ``request()``, see client_overhead.py).
 """
@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 from gym_obs.telemetry import inflight
 from gym_obs.telemetry.propagation import rollout_context
 
-TRACKED_HOP_BUDGET_X = 10.0
+TRACKED_HOP_BUDGET_X = 25.0
 URL = "http://127.0.0.1:11002/v1/responses"
 
 
