@@ -24,7 +24,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gym_obs.config import parse_global_config
+from gym_obs.config import GlobalConfig
 from gym_obs.harness.faults import parse_fault_plan
 from gym_obs.harness.stack import HarnessOptions, build_layout
 from gym_obs.server.launcher import Launch, launch
@@ -111,11 +111,11 @@ def _hanging_stack(tmp_path: Path, *, max_inflight: int | None = None) -> Iterat
         fanout=1,
         out=tmp_path / "out",
     )
-    config = build_layout(options).config
-    if max_inflight is not None:
-        data = config.model_dump(mode="json")
-        data["servers"]["agent_0"]["max_inflight_rollouts"] = max_inflight
-        config = parse_global_config(data, source="test")
+    config: GlobalConfig | dict[str, Any] = build_layout(options).config
+    if max_inflight is not None:  # launch() takes the config as a dict too
+        assert isinstance(config, GlobalConfig)
+        config = config.model_dump(mode="json", exclude_none=True)
+        config["servers"]["agent_0"]["max_inflight_rollouts"] = max_inflight
     env = {names.ENV_TELEMETRY: "0"}
     with launch(config, log_dir=tmp_path / "logs", env=env) as running:
         yield running
@@ -203,3 +203,31 @@ def test_ten_thousand_rollouts_keep_the_reply_bounded(tmp_path: Path) -> None:
         assert route["evicted"] == 0
         assert len(body) < 512 * 1024, len(body)
         assert route["oldest"][0]["elapsed_s"] >= route["oldest"][-1]["elapsed_s"]
+
+
+def test_top_refreshes_until_ctrl_c_and_exits_cleanly(tmp_path: Path) -> None:
+    """Live mode with no head server listening: every frame says so, and SIGINT ends it with status 0."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "GYM_OBS_"))}
+    out_path, err_path = tmp_path / "out.txt", tmp_path / "err.txt"
+    head = "gym-obs top   head http://127.0.0.1:16799"
+    with out_path.open("w") as out_file, err_path.open("w") as err_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gym_obs.cli", "top", "--head", "http://127.0.0.1:16799",
+             "--interval", "0.2"],
+            stdout=out_file, stderr=err_file, text=True, env=env,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 60
+            while out_path.read_text().count(head) < 3:  # started (imports are slow on a loaded machine)
+                assert proc.poll() is None and time.monotonic() < deadline, err_path.read_text()[-2000:]
+                time.sleep(0.1)
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    out, err = out_path.read_text(), err_path.read_text()
+    assert proc.returncode == 0, err[-2000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-2000:]
+    frames = out.count(head)
+    assert out.count("head server: no answer (connection refused or unreachable)") == frames >= 3
