@@ -140,6 +140,18 @@ async def test_exactly_one_server_span_per_request(client: httpx.AsyncClient, te
     assert telemetry.spans() == []  # health routes are not traced
 
 
+async def test_the_inflight_route_makes_no_span(client: httpx.AsyncClient, telemetry: Capture) -> None:
+    response = await client.get(names.INFLIGHT_ROUTE, params={"limit": 3})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["server"] == "demo" and body["limit"] == 3 and body["in_flight"] == 0
+    assert telemetry.spans() == []  # control plane: no SERVER span, parentless or not
+    app = DemoServer("demo", _config()).build_app()
+    remote = httpx.ASGITransport(app, client=("10.9.9.9", 4000))
+    async with httpx.AsyncClient(transport=remote, base_url="http://testserver") as http:
+        assert (await http.get(names.INFLIGHT_ROUTE)).status_code == 403  # loopback callers only
+
+
 async def test_fastapi_builtin_telemetry_would_add_spans_and_is_off(telemetry: Capture) -> None:
     bare = FastAPI()
 
