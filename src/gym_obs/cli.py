@@ -41,7 +41,11 @@ def _add_dashboards(subparsers: _Subparsers[argparse.ArgumentParser]) -> None:
     build.add_argument(
         "--out", type=Path, default=Path("dashboards"), help="output directory (default: dashboards)"
     )
-    build.add_argument("--check", action="store_true", help="write nothing; exit 1 if a file is out of date")
+    build.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 if a file is out of date (default: write the files)",
+    )
     build.set_defaults(handler=_dashboards_build)
 
 
@@ -145,9 +149,68 @@ def _add_explain(subparsers: _Subparsers[argparse.ArgumentParser]) -> None:
     parser.add_argument(
         "run_dir", type=Path, nargs="?", default=Path("harness-out"), help="run folder (default: harness-out)"
     )
-    parser.add_argument("--json", action="store_true", help="print JSON for scripts")
+    parser.add_argument("--json", action="store_true", help="print JSON for scripts (default: text)")
     _add_grafana_url(parser)
     parser.set_defaults(handler=_explain)
+
+
+def _top(args: argparse.Namespace) -> int:
+    from gym_obs.server.top import run_top
+
+    return run_top(
+        args.config,
+        args.head,
+        once=args.once,
+        as_json=args.json,
+        limit=args.limit,
+        stall_after_s=args.stall_after,
+        interval_s=args.interval,
+    )
+
+
+def _limit(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 200:
+        raise argparse.ArgumentTypeError(f"must be an integer from 1 to 200, got {text!r}")
+    return int(text)
+
+
+def _add_top(subparsers: _Subparsers[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "top",
+        help="live view of the in-flight rollouts of every agent server",
+        description="Every second, ask the head server which agents run and each agent for its in-flight "
+        "rollouts (GET /_gym/inflight; works with telemetry off): counts by stage, the oldest rollouts, "
+        "the stalled ones (no progress for --stall-after seconds), retries in progress, hops in flight "
+        "per server. An agent that does not answer is shown as such. Ctrl-C exits.",
+    )
+    parser.add_argument(
+        "config",
+        type=Path,
+        nargs="?",
+        default=None,
+        help="the global config (YAML) naming the head server (default: none, see --head)",
+    )
+    parser.add_argument(
+        "--head",
+        default=None,
+        help="the head server's URL (default: CONFIG's, else $GYM_OBS_HEAD_SERVER, "
+        "else http://127.0.0.1:11000)",
+    )
+    parser.add_argument("--once", action="store_true", help="print one view and exit (default: refresh)")
+    parser.add_argument("--json", action="store_true", help="print JSON for scripts (default: text)")
+    parser.add_argument(
+        "--stall-after",
+        type=_positive_seconds,
+        default=30.0,
+        help="a rollout with no progress for this many seconds is stalled (default: 30)",
+    )
+    parser.add_argument(
+        "--limit", type=_limit, default=10, help="rollouts per list, at most 200 (default: 10)"
+    )
+    parser.add_argument(
+        "--interval", type=_positive_seconds, default=1.0, help="seconds between refreshes (default: 1)"
+    )
+    parser.set_defaults(handler=_top)
 
 
 # Each entry adds one subcommand; later subcommands (serve, harness, ...) append theirs here.
@@ -157,6 +220,7 @@ _COMMANDS: tuple[Callable[[_Subparsers[argparse.ArgumentParser]], None], ...] = 
     _add_harness,
     _add_report,
     _add_explain,
+    _add_top,
 )
 
 

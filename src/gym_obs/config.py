@@ -10,9 +10,10 @@ this module; telemetry and failures never do.
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import os
 import re
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -101,6 +102,9 @@ class GlobalAIOHTTPAsyncClientConfig(_Strict):
 
 _SERVER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 _ENTRYPOINT_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"
+#: The server types of a global config (NeMo Gym's): each decides the boundary its failures are reported
+#: at (model, resources_server, agent) and what the runtime adds (model-call metrics, the in-flight table).
+SERVER_TYPES: Final = ("responses_api_agents", "responses_api_models", "resources_servers")
 
 
 class ConfigError(ValueError):
@@ -157,6 +161,8 @@ class ServerInstanceConfig(BaseModel):
     # CPU profiling for the server's lifetime (extra `profiling`); reports on shutdown and GET /stats.
     profiling_enabled: bool = False
     profiling_results_dirpath: str | None = None
+    # Who may read the control routes (``/_gym/inflight``) besides loopback: addresses or CIDR networks.
+    control_allow_ips: list[str] = Field(default_factory=list)
 
     _check_numbers = field_validator(
         "port", "num_workers", "backlog", "timeout_keep_alive_s", "startup_timeout_s", mode="before"
@@ -170,6 +176,23 @@ class ServerInstanceConfig(BaseModel):
     def _redacted_secret_is_unset(cls, value: object) -> object:
         """A config fetched from the head server has ``[REDACTED]`` here: no secret, not a 10-char one."""
         return None if value == REDACTED else value
+
+    @field_validator("server_type")
+    @classmethod
+    def _check_server_type(cls, value: str) -> str:
+        if value not in SERVER_TYPES:
+            raise ValueError(f"unknown server_type {value!r}; valid: {', '.join(SERVER_TYPES)}")
+        return value
+
+    @field_validator("control_allow_ips")
+    @classmethod
+    def _check_networks(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(f"{entry!r} is not an IP address or CIDR network") from None
+        return value
 
     @field_validator("entrypoint")
     @classmethod

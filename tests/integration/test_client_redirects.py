@@ -44,7 +44,7 @@ _HEADERS = {
 @pytest.fixture
 async def gym_and_sink() -> AsyncIterator[RawSink]:
     config = {"servers": {"relay": {"entrypoint": "tests.integration.relay_apps:RelayServer",
-                                    "server_type": "simple_agents", "port": GYM_PORT,
+                                    "server_type": "responses_api_agents", "port": GYM_PORT,
                                     "upstream_url": "http://127.0.0.1:1/", "redirect_to": SINK_URL}}}
     async with raw_sink(SINK_PORT) as sink:
         proc = await start_script(RELAY_SCRIPT, {}, json.dumps(config))

@@ -110,7 +110,7 @@ async def test_a_relaying_gym_server_passes_on_nothing_hostile(tmp_path: Path) -
         "telemetry": {"enabled": True, "traces_exporter": "file", "metrics_exporter": "none",
                       "file_export_dir": str(tmp_path)},
         "servers": {"relay": {"entrypoint": "tests.integration.relay_apps:RelayServer",
-                              "server_type": "simple_agents", "port": RELAY_PORT,
+                              "server_type": "responses_api_agents", "port": RELAY_PORT,
                               "upstream_url": f"http://127.0.0.1:{UPSTREAM_PORT}/generate"}},
     }
     async with hostile_upstream(_hostile_header):
@@ -165,7 +165,7 @@ async def test_an_oversize_failure_header_keeps_the_real_status_and_body_and_pic
 
 async def test_a_gym_server_never_emits_a_failure_header_over_4096_bytes(tmp_path: Path) -> None:
     config = {"servers": {"relay": {"entrypoint": "tests.integration.relay_apps:RelayServer",
-                                    "server_type": "simple_agents", "port": RELAY_PORT,
+                                    "server_type": "responses_api_agents", "port": RELAY_PORT,
                                     "upstream_url": "http://127.0.0.1:1/"}}}
     proc = await start_script(RELAY_SCRIPT, {}, json.dumps(config))
     try:

@@ -283,10 +283,10 @@ async def test_poll_for_status_outcomes(running: str) -> None:
     config = parse_global_config(
         {
             "servers": {
-                "up": {"entrypoint": "a.b:C", "server_type": "x", "port": PORT},
-                "down": {"entrypoint": "a.b:C", "server_type": "x", "port": 28013},
-                "hung": {"entrypoint": "a.b:C", "server_type": "x", "port": 28014},
-                "starting": {"entrypoint": "a.b:C", "server_type": "x", "port": 28015},
+                "up": {"entrypoint": "a.b:C", "server_type": "resources_servers", "port": PORT},
+                "down": {"entrypoint": "a.b:C", "server_type": "resources_servers", "port": 28013},
+                "hung": {"entrypoint": "a.b:C", "server_type": "resources_servers", "port": 28014},
+                "starting": {"entrypoint": "a.b:C", "server_type": "resources_servers", "port": 28015},
             }
         }
     )
@@ -388,7 +388,7 @@ def test_a_server_that_never_becomes_ready_is_named_after_a_bounded_wait(tmp_pat
         urllib.request.urlopen("http://127.0.0.1:28021/livez", timeout=1)
 
 
-_SERVER_YAML = "servers:\n  m:\n    entrypoint: a.b:C\n    server_type: x\n    port: 28022\n"
+_SERVER_YAML = "servers:\n  m:\n    entrypoint: a.b:C\n    server_type: resources_servers\n    port: 28022\n"
 
 
 @pytest.mark.parametrize(
@@ -400,12 +400,15 @@ _SERVER_YAML = "servers:\n  m:\n    entrypoint: a.b:C\n    server_type: x\n    p
         ("bogus: 1\n", "bogus: unknown key"),
         ("head_server: {hots: x}\n", "head_server.hots: unknown key"),
         (
-            "servers:\n  m:\n    entrypoint: a.b:C\n    server_type: x\n    port: high\n",
+            "servers:\n  m:\n    entrypoint: a.b:C\n    server_type: resources_servers\n    port: high\n",
             "servers.m.port: Input should be a valid integer",
         ),
-        ("servers:\n  m:\n    server_type: x\n    port: 28022\n", "servers.m.entrypoint: Field required"),
         (
-            "servers:\n  m:\n    entrypoint: nocolon\n    server_type: x\n    port: 28022\n",
+            "servers:\n  m:\n    server_type: resources_servers\n    port: 28022\n",
+            "servers.m.entrypoint: Field required",
+        ),
+        (
+            "servers:\n  m:\n    entrypoint: nocolon\n    server_type: resources_servers\n    port: 28022\n",
             "servers.m.entrypoint: must look like 'package.module:ClassName'",
         ),
         (_SERVER_YAML + "    num_workers: 0\n", "servers.m.num_workers: Input should be greater than"),

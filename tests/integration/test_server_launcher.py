@@ -107,7 +107,8 @@ def test_a_server_that_cannot_share_state_is_refused_more_workers(tmp_path: Path
 
 def test_unknown_entrypoint_module_is_named(tmp_path: Path) -> None:
     config = _config(
-        {"model": {"entrypoint": "no_such_package.models:Model", "server_type": "x", "port": 24131}},
+        {"model": {"entrypoint": "no_such_package.models:Model", "server_type": "resources_servers",
+                   "port": 24131}},
         head_port=24130,
     )
     with (

@@ -252,7 +252,7 @@ async def test_head_server_serves_config_instances_and_readiness(
 
 async def test_poll_for_status_reports_a_server_that_is_not_there() -> None:
     config = parse_global_config(
-        {"servers": {"ghost": {"entrypoint": "a.b:C", "server_type": "x", "port": 24099}}}
+        {"servers": {"ghost": {"entrypoint": "a.b:C", "server_type": "resources_servers", "port": 24099}}}
     )
     try:
         assert await ServerClient(config).poll_for_status("ghost", timeout_seconds=2) == "connection_error"

@@ -99,7 +99,9 @@ def test_access_log_lines_lose_query_fragment_and_control_characters() -> None:
 
 def test_a_malformed_secret_is_not_echoed_in_the_config_error() -> None:
     short = "kanarie-short"  # too short for a session secret
-    entry = {"entrypoint": "a.b:C", "server_type": "t", "port": 31498, "session_secret": short}
+    entry = {
+        "entrypoint": "a.b:C", "server_type": "resources_servers", "port": 31498, "session_secret": short
+    }
     with pytest.raises(ConfigError, match=r"servers\.m\.session_secret") as caught:
         parse_global_config({"servers": {"m": entry}})
     assert short not in str(caught.value)

@@ -61,3 +61,23 @@ def test_harness_run_help_states_every_default() -> None:
             assert shown.removesuffix(".0") in action.help, (action.option_strings, action.default)
     help_text = _cli("harness", "run", "--help").stdout
     assert "(default harness-out)" in help_text and "--out DIR" in help_text
+
+
+def test_every_command_help_states_every_default() -> None:
+    import argparse
+
+    from gym_obs.cli import build_parser
+
+    def leaves(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs:
+            return [parser]
+        return [leaf for sub in subs for child in sub.choices.values() for leaf in leaves(child)]
+
+    found = leaves(build_parser())
+    assert len(found) >= 6  # dashboards build, serve, harness run, report, explain, top
+    for parser in found:
+        for action in parser._actions:
+            optional_positional = not action.option_strings and action.nargs == "?"
+            if (action.option_strings and action.dest != "help") or optional_positional:
+                assert action.help and "default" in action.help, (parser.prog, action.dest)

@@ -18,7 +18,9 @@ _SOFT, _HARD = resource.getrlimit(resource.RLIMIT_NOFILE)
 _INF = resource.RLIM_INFINITY
 
 
-def _run_set_ulimit(start_soft: int, target: int, hard: int | None = None) -> dict[str, object]:
+def _run_set_ulimit(
+    start_soft: int, target: int, hard: int | None = None, needed: int | None = None
+) -> dict[str, object]:
     """Lower the child's limits to (start_soft, hard), call set_ulimit(target), report result + real limit."""
     code = textwrap.dedent(
         f"""
@@ -28,7 +30,7 @@ def _run_set_ulimit(start_soft: int, target: int, hard: int | None = None) -> di
         from gym_obs.server.ops import set_ulimit
         from gym_obs.telemetry.logging import configure_logging
         configure_logging()
-        result = set_ulimit({target})
+        result = set_ulimit({target}, needed={needed})
         out = dataclasses.asdict(result)
         out["ok"] = result.ok
         out["real_soft"] = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
@@ -69,6 +71,32 @@ def test_set_ulimit_when_the_hard_limit_is_already_reached() -> None:
     assert (result["before"], result["after"], result["changed"], result["ok"]) == (300, 300, False, False)
     assert "does not allow more" in str(result["reason"])
     assert "cannot raise the open-file limit" in str(result["stderr"])
+
+
+def test_set_ulimit_warns_only_when_the_limit_stays_below_what_the_config_needs() -> None:
+    hard = min(1500, _HARD if _HARD != _INF else 1500)
+    enough = _run_set_ulimit(256, 1_000_000, hard=hard, needed=hard - 100)
+    assert enough["after"] == hard and enough["ok"] is False and enough["needed"] == hard - 100
+    assert "open-file limit" not in str(enough["stderr"])  # below the target, but enough: no warning
+    stuck = _run_set_ulimit(300, 5000, hard=300, needed=200)
+    assert stuck["after"] == 300 and "cannot raise" not in str(stuck["stderr"])
+    short = _run_set_ulimit(300, 5000, hard=300, needed=400)
+    assert "cannot raise the open-file limit" in str(short["stderr"]) and "needed=400" in str(short["stderr"])
+
+
+def test_nofile_needed_follows_the_config() -> None:
+    from gym_obs.config import GlobalAIOHTTPAsyncClientConfig, ServerInstanceConfig
+    from gym_obs.server.ops import nofile_needed
+
+    server = ServerInstanceConfig(
+        entrypoint="a.b:C", server_type="resources_servers", port=16790, backlog=100
+    )
+    client = GlobalAIOHTTPAsyncClientConfig(
+        global_aiohttp_connector_limit_per_host=50, global_aiohttp_control_connector_limit=10
+    )
+    assert nofile_needed(server, client, servers=3) == 100 + 3 * 50 + 10 + 256
+    intended = client.model_copy(update={"global_aiohttp_intended_concurrency": 40})
+    assert nofile_needed(server, intended, servers=3) == 100 + 40 + 10 + 256
 
 
 def test_set_ulimit_never_lowers() -> None:

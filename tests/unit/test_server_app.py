@@ -141,6 +141,18 @@ async def test_exactly_one_server_span_per_request(client: httpx.AsyncClient, te
     assert telemetry.spans() == []  # health routes are not traced
 
 
+async def test_the_inflight_route_makes_no_span(client: httpx.AsyncClient, telemetry: Capture) -> None:
+    response = await client.get(names.INFLIGHT_ROUTE, params={"limit": 3})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["server"] == "demo" and body["limit"] == 3 and body["in_flight"] == 0
+    assert telemetry.spans() == []  # control plane: no SERVER span, parentless or not
+    app = DemoServer("demo", _config()).build_app()
+    remote = httpx.ASGITransport(app, client=("10.9.9.9", 4000))
+    async with httpx.AsyncClient(transport=remote, base_url="http://testserver") as http:
+        assert (await http.get(names.INFLIGHT_ROUTE)).status_code == 403  # loopback callers only
+
+
 async def test_fastapi_builtin_telemetry_would_add_spans_and_is_off(telemetry: Capture) -> None:
     bare = FastAPI()
 
@@ -294,7 +306,6 @@ async def test_http_exceptions_stay_ordinary_replies(client: httpx.AsyncClient) 
         ("responses_api_models", "model"),
         ("resources_servers", "resources_server"),
         ("responses_api_agents", "agent"),
-        ("something_else", "harness"),
     ],
 )
 async def test_boundary_follows_the_server_type(server_type: str, boundary: str) -> None:
@@ -360,3 +371,16 @@ def test_setup_webserver_must_return_fastapi() -> None:
 
     with pytest.raises(TypeError, match="must return a FastAPI app"):
         NotFastAPI("demo", _config()).build_app()
+
+
+def test_an_unknown_server_type_is_a_config_error_naming_the_valid_ones() -> None:
+    from gym_obs.config import SERVER_TYPES, ConfigError
+    from gym_obs.server._failure_reply import _BOUNDARIES, boundary_for_server_type
+
+    with pytest.raises(ConfigError) as caught:
+        _config("something_else")
+    message = str(caught.value)
+    assert "servers.demo.server_type" in message and "'something_else'" in message
+    assert all(valid in message for valid in SERVER_TYPES)
+    assert set(_BOUNDARIES) == set(SERVER_TYPES)  # every valid type has its boundary
+    assert boundary_for_server_type(None) == boundary_for_server_type("something_else") == "harness"

@@ -58,7 +58,10 @@ def test_errors_name_every_bad_key() -> None:
             "servers.m: unknown key 'num_worker' (did you mean 'num_workers'?)",
         ),
         ({"servers": {"m": _server(entrypoint="pkg.mod.Server")}}, "servers.m.entrypoint: must look like"),
-        ({"servers": {"m": {"server_type": "x", "port": 1}}}, "servers.m.entrypoint: Field required"),
+        (
+            {"servers": {"m": {"server_type": "resources_servers", "port": 1}}},
+            "servers.m.entrypoint: Field required",
+        ),
         (
             {"servers": {"m": _server(port=70000)}},
             "servers.m.port: Input should be less than or equal to 65535",
@@ -101,7 +104,9 @@ def test_yaml_file_errors_name_the_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"invalid YAML in global config .*broken\.yaml"):
         load_global_config(broken)
     bad = tmp_path / "bad.yaml"
-    bad.write_text("servers:\n  m:\n    entrypoint: a.b:C\n    server_type: x\n    port: nope\n")
+    bad.write_text(
+        "servers:\n  m:\n    entrypoint: a.b:C\n    server_type: resources_servers\n    port: nope\n"
+    )
     with pytest.raises(ConfigError, match=r"invalid global config \(.*bad.yaml\):\n  servers.m.port"):
         load_global_config(bad)
     for name, text in (("empty.yaml", ""), ("comment.yaml", "# nothing here\n")):
@@ -120,7 +125,8 @@ def test_yaml_file_errors_name_the_file(tmp_path: Path) -> None:
         ("servers:\n\tx: 1\n", "line 2, column 1: found character"),
         ("head_server: {port: 1}\nhead_server: {port: 2}\n", "line 2, column 1: found duplicate key"),
         (
-            "servers:\n  m:\n    entrypoint: a.b:C\n    server_type: x\n    port: 1\n    port: 2\n",
+            "servers:\n  m:\n    entrypoint: a.b:C\n    server_type: resources_servers\n"
+            "    port: 1\n    port: 2\n",
             "line 6, column 5: found duplicate key 'port'",
         ),
     ],

@@ -20,7 +20,7 @@ from gym_obs.server.uvicorn import (
 
 
 def _instance(**overrides: Any) -> ServerInstanceConfig:
-    return ServerInstanceConfig(entrypoint="a.b:C", server_type="x", port=24500, **overrides)
+    return ServerInstanceConfig(entrypoint="a.b:C", server_type="resources_servers", port=24500, **overrides)
 
 
 @pytest.mark.parametrize(

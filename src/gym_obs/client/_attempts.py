@@ -27,6 +27,7 @@ from gym_obs.client._retry import (
     policy_for,
 )
 from gym_obs.client.errors import is_response_head_error, response_head_error
+from gym_obs.telemetry import inflight
 from gym_obs.telemetry.logging import get_logger
 from gym_obs.telemetry.redaction import redact_url
 
@@ -94,6 +95,7 @@ async def send_with_retries(
         return await _send_with_retries(pool, method, url, kwargs, retry_args, read_body, hook, recorder)
     finally:
         ARRIVAL.reset(token)
+        inflight.hop_done()  # the in-flight table: this rollout's hop ended
 
 
 async def _send_with_retries(
@@ -125,6 +127,7 @@ async def _send_with_retries(
     tracker: Any = None
     while True:
         attempt += 1
+        inflight.hop_attempt(url, attempt)  # the in-flight table: hop in progress, attempt number
         if recorder is None:
             session = pool.plain
         else:

@@ -39,6 +39,7 @@ __all__ = [
     "fetch_global_config",
     "get_server_url",
     "global_config_from_environment",
+    "head_server_from_environment",
     "server_base_url",
     "subprocess_agent_env",
 ]
@@ -51,6 +52,24 @@ _READY_PATH: Final = "/readyz"
 
 class HeadServerUnavailableError(ConnectionError):
     """The head server could not be reached or gave no usable config; the message says where we looked."""
+
+
+def head_server_from_environment() -> HeadServerConfig | None:
+    """The head server named by ``GYM_OBS_HEAD_SERVER`` (``host:port`` or ``http://host:port``), else
+    ``None``: how a driver outside the launcher finds a deployment without a config file."""
+    raw = os.environ.get(names.ENV_HEAD_SERVER, "").strip()
+    if not raw:
+        return None
+    text = raw.removeprefix("http://").rstrip("/")
+    host, sep, port = text.rpartition(":")
+    try:
+        if not sep or "/" in text:
+            raise ValueError(raw)
+        return HeadServerConfig(host=host.strip("[]") or "127.0.0.1", port=int(port))
+    except (ValueError, TypeError):
+        raise ConfigError(
+            f"${names.ENV_HEAD_SERVER} must be host:port or http://host:port, got {raw[:100]!r}"
+        ) from None
 
 
 def global_config_from_environment() -> GlobalConfig | None:
@@ -103,13 +122,14 @@ class ServerClient:
     @classmethod
     def load_from_global_config(cls, head_server_config: HeadServerConfig | None = None) -> ServerClient:
         """The launcher's config when this process was launched by it (or by one of its servers: the
-        environment is inherited), else the head server's (``head_server_config``, default 127.0.0.1:11000).
+        environment is inherited), else the head server's: ``head_server_config``, else
+        ``GYM_OBS_HEAD_SERVER`` (``host:port``), else 127.0.0.1:11000.
 
         Raises :class:`HeadServerUnavailableError` naming the URL it tried when the head server is down.
         """
         config = global_config_from_environment()
         if config is None:
-            head = head_server_config or HeadServerConfig()
+            head = head_server_config or head_server_from_environment() or HeadServerConfig()
             return cls(fetch_global_config(head), head)
         return cls(config)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from gym_obs.failures._base import EVENT_ID_PATTERN
 from gym_obs.failures._codec import MAX_DECOMPRESSED_BYTES, MAX_ENCODED_CHARS, VERSION_PREFIX
+from gym_obs.failures.causes import cause_types, caused_by
 from gym_obs.failures.errors import InvalidFailureReport
 from gym_obs.failures.event import FailureEvent, ForeignFailure, NgFailureEvent
 from gym_obs.failures.kinds import (
@@ -58,6 +59,8 @@ __all__ = [
     "NgFailureEvent",
     "RequestFailureLog",
     "Stage",
+    "cause_types",
+    "caused_by",
     "current_failure_log",
     "decode_failure_report",
     "encode_failure_report",

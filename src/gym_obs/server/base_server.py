@@ -36,9 +36,10 @@ from gym_obs.server._session_routing import (
     worker_routing_environment,
 )
 from gym_obs.server._validation_log import log_validation_failures
+from gym_obs.server.inflight_route import inflight_route_for
 from gym_obs.server.middleware import PathContextMiddleware
 from gym_obs.server.model_calls import install_model_calls
-from gym_obs.server.ops import profiler_for, set_ulimit
+from gym_obs.server.ops import nofile_needed, profiler_for, set_ulimit
 from gym_obs.server.sessions import (
     OwnedSessionRouting,
     SessionLayer,
@@ -261,7 +262,8 @@ class SimpleServer(BaseServer, abc.ABC):
         )
         instrument_app_for_telemetry(app)
         # Owner routing, when on, is outermost: a forwarded request runs no telemetry where it arrived.
-        return wrap(PathContextMiddleware(app, hide_query=True))
+        wrapped = wrap(PathContextMiddleware(app, hide_query=True))
+        return inflight_route_for(wrapped, self.server_name, self.server_type, self.global_config)
 
     def run_webserver(self) -> None:
         """Serve under uvicorn as configured in the global config until SIGINT/SIGTERM, then flush telemetry.
@@ -276,12 +278,14 @@ class SimpleServer(BaseServer, abc.ABC):
             proxy_headers=server.proxy_headers,
             where=f"{self.where}.forwarded_allow_ips",
         )
-        limit = set_ulimit()
+        needed = nofile_needed(server, self.global_config.client, len(self.global_config.servers))
+        limit = set_ulimit(needed=needed)  # warns only when the soft limit stays below what this needs
         _log.info(
             "open-file limit",
             before=limit.before,
             after=limit.after,
             hard=limit.hard,
+            needed=limit.needed,
             changed=limit.changed,
             reason=limit.reason,
         )

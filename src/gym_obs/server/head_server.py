@@ -170,7 +170,7 @@ class HeadServer:
         # Control plane: no spans or metrics, but log lines carry the name like every other server's.
         setup_telemetry(HEAD_SERVER_NAME, HEAD_SERVER_NAME, config=TelemetryConfig(enabled=False))
         head = self.config.head_server
-        listen = ServerInstanceConfig(
+        listen = ServerInstanceConfig.model_construct(  # the head is not a gym server: no server_type check
             entrypoint="gym_obs.server.head_server:HeadServer",
             server_type=HEAD_SERVER_NAME,
             host=head.host,

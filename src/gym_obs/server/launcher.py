@@ -38,7 +38,7 @@ from typing import IO, TYPE_CHECKING, Final
 
 from gym_obs import _version
 from gym_obs.client._addresses import server_base_url
-from gym_obs.config import GlobalConfig, load_global_config
+from gym_obs.config import ConfigError, GlobalConfig, load_global_config, parse_global_config
 from gym_obs.server.head_server import HEAD_SERVER_NAME
 from gym_obs.server.ops import pump_output
 from gym_obs.server.uvicorn import ServerStartupError, validate_forwarded_allow_ips
@@ -58,6 +58,7 @@ __all__ = [
     "launch",
     "output_console",
     "preflight",
+    "resolve_config",
     "serve",
 ]
 
@@ -342,9 +343,24 @@ def _child_environment(config: GlobalConfig, extra: Mapping[str, str] | None) ->
     return env
 
 
+def resolve_config(config: object) -> GlobalConfig:
+    """A GlobalConfig from what :func:`launch` was given: a GlobalConfig, a dict (validated like the YAML
+    file would be) or the path of a YAML file; anything else is a :class:`ConfigError` saying so."""
+    if isinstance(config, GlobalConfig):
+        return config
+    if isinstance(config, Mapping):
+        return parse_global_config(dict(config), source="launch(config=<dict>)")
+    if isinstance(config, str | os.PathLike):
+        return load_global_config(config)
+    raise ConfigError(
+        "launch(): config must be a GlobalConfig, a dict or the path of a YAML file, "
+        f"not {type(config).__name__}"
+    )
+
+
 @contextlib.contextmanager
 def launch(
-    config: GlobalConfig | str | os.PathLike[str],
+    config: GlobalConfig | Mapping[str, object] | str | os.PathLike[str],
     *,
     log_dir: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
@@ -354,13 +370,15 @@ def launch(
 ) -> Iterator[Launch]:
     """Start the head server and every server, wait until all are ready, stop them all on exit.
 
-    ``config`` is a GlobalConfig or a YAML path. ``env`` adds environment variables for the children.
+    A context manager: ``with launch(config) as running:``. ``config`` is a GlobalConfig, a dict of the
+    same shape as the YAML file, or a YAML path; anything else is a ConfigError. ``env`` adds environment
+    variables for the children.
     ``echo_output`` copies every child's output to stdout, each line prefixed ``(<server name>) ``.
     Raises :class:`~gym_obs.config.ConfigError` / :class:`ServerStartupError` before starting anything
     for a bad config, and :class:`LaunchError` (everything already started is stopped) when a server
     fails to start.
     """
-    resolved = config if isinstance(config, GlobalConfig) else load_global_config(config)
+    resolved = resolve_config(config)
     preflight(resolved)
     try:
         directory = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="gym-obs-"))

@@ -30,7 +30,7 @@ from gym_obs.server._disconnect import DisconnectCancelMiddleware
 from gym_obs.server._failure_reply import FailureReplyMiddleware, boundary_for_server_type
 from gym_obs.server._instrumentation import hide_from_instrumentation
 from gym_obs.server._native_telemetry import NATIVE_TELEMETRY_SCOPE_KEY
-from gym_obs.telemetry import names
+from gym_obs.telemetry import inflight, names
 from gym_obs.telemetry._state import STATE
 from gym_obs.telemetry.propagation import parse_path_segments, rollout_context
 
@@ -91,7 +91,7 @@ class PathContextMiddleware:
             if rollout_id is None:
                 await self.app(scope, receive, send)
                 return
-        with rollout_context(rollout_id):
+        with rollout_context(rollout_id), inflight.rollout(rollout_id):  # in-flight table (agents only)
             await self.app(scope, receive, send)
 
     @staticmethod

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import IO, Final
 
+from gym_obs.client.pool import effective_limits
+from gym_obs.config import GlobalAIOHTTPAsyncClientConfig, ServerInstanceConfig
 from gym_obs.server._profiler import ServerProfiler, profiler_for
 from gym_obs.telemetry.logging import get_logger
 
@@ -24,6 +26,7 @@ __all__ = [
     "LinePrefixer",
     "ServerProfiler",
     "UlimitResult",
+    "nofile_needed",
     "output_prefix",
     "profiler_for",
     "pump_output",
@@ -33,6 +36,7 @@ __all__ = [
 DEFAULT_NOFILE_TARGET: Final = 65535
 _MACOS_OPEN_MAX: Final = 10240  # setrlimit(RLIMIT_NOFILE) above OPEN_MAX fails on macOS even if hard allows
 _MAX_LINE_BYTES: Final = 64 * 1024
+_NOFILE_HEADROOM: Final = 256  # log files, pipes, the event loop's own descriptors, imported libraries
 
 _log = get_logger("gym_obs.server.ops")
 
@@ -51,6 +55,13 @@ class UlimitResult:
     target: int
     changed: bool
     reason: str
+    needed: int | None = None  # what the config needs (:func:`nofile_needed`); None: the target
+
+    @property
+    def enough(self) -> bool:
+        """The soft limit covers what the config needs (or unlimited); unknown counts as not enough."""
+        need = self.target if self.needed is None else self.needed
+        return self.after is not None and (self.after == -1 or self.after >= need)
 
     @property
     def ok(self) -> bool:
@@ -62,25 +73,41 @@ def _limit(value: int, infinity: int) -> int:
     return -1 if value == infinity else value
 
 
-def set_ulimit(target_soft_limit: int = DEFAULT_NOFILE_TARGET) -> UlimitResult:
-    """Raise the open-file soft limit (``RLIMIT_NOFILE``) to ``target_soft_limit``, never above the hard one.
+def nofile_needed(server: ServerInstanceConfig, client: GlobalAIOHTTPAsyncClientConfig, servers: int) -> int:
+    """Open files one process of ``server`` may hold under its config: the listen backlog's connections,
+    its client sockets (the intended concurrency when set, else every gym server at the per-host cap;
+    never more than the data pool's limit) and the control pool, plus headroom for files and pipes."""
+    limits = effective_limits(client, server.num_workers)
+    intended = client.global_aiohttp_intended_concurrency
+    data = -(-intended // limits.workers) if intended is not None else limits.data.host_cap * max(1, servers)
+    if limits.data.limit > 0:
+        data = min(data, limits.data.limit)
+    return server.backlog + data + limits.control.limit + _NOFILE_HEADROOM
 
-    Never lowers a limit and never raises: when the limit cannot be raised far enough (hard limit too low,
-    not permitted, no ``resource`` module on this platform) it logs a warning and says why in the result.
+
+def set_ulimit(target_soft_limit: int = DEFAULT_NOFILE_TARGET, *, needed: int | None = None) -> UlimitResult:
+    """Raise the open-file soft limit (``RLIMIT_NOFILE``) towards ``target_soft_limit``, never above the
+    hard one.
+
+    Never lowers a limit and never raises. A limit that stays below the target is a warning only when it
+    also stays below ``needed`` (what the config needs, :func:`nofile_needed`; default: the target): a
+    hard limit of 20000 is no problem for a server that holds a few thousand sockets. The result says why
+    (hard limit too low, not permitted, no ``resource`` module on this platform).
     """
+    need = target_soft_limit if needed is None else needed
     try:
         import resource
     except ImportError:
         reason = "the resource module is not available on this platform; open-file limit unchanged"
         _log.warning("cannot raise the open-file limit", reason=reason)
-        return UlimitResult(None, None, None, target_soft_limit, False, reason)
+        return UlimitResult(None, None, None, target_soft_limit, False, reason, needed)
 
     infinity = resource.RLIM_INFINITY
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     before, hard_value = _limit(soft, infinity), _limit(hard, infinity)
     if soft == infinity or soft >= target_soft_limit:
         reason = f"soft limit {soft if soft != infinity else 'unlimited'} already meets {target_soft_limit}"
-        return UlimitResult(before, before, hard_value, target_soft_limit, False, reason)
+        return UlimitResult(before, before, hard_value, target_soft_limit, False, reason, needed)
 
     wanted = target_soft_limit if hard == infinity else min(target_soft_limit, hard)
     candidates = [wanted]
@@ -98,21 +125,29 @@ def set_ulimit(target_soft_limit: int = DEFAULT_NOFILE_TARGET) -> UlimitResult:
         after = _limit(resource.getrlimit(resource.RLIMIT_NOFILE)[0], infinity)
         if candidate >= target_soft_limit:
             reason = f"raised the soft limit from {soft} to {after}"
-            return UlimitResult(before, after, hard_value, target_soft_limit, True, reason)
+            return UlimitResult(before, after, hard_value, target_soft_limit, True, reason, needed)
         reason = (
             f"raised the soft limit from {soft} to {after}, below the target {target_soft_limit}: "
             + (f"the hard limit is {hard}" if candidate == wanted else "the platform's OPEN_MAX caps it")
         )
-        _log.warning("open-file limit below target", soft=after, hard=hard_value, target=target_soft_limit)
-        return UlimitResult(before, after, hard_value, target_soft_limit, True, reason)
+        if after != -1 and after < need:
+            _log.warning(
+                "open-file limit below target",
+                soft=after,
+                hard=hard_value,
+                target=target_soft_limit,
+                needed=need,
+            )
+        return UlimitResult(before, after, hard_value, target_soft_limit, True, reason, needed)
 
     reason = (
         f"could not raise the soft limit {soft} towards {target_soft_limit} (hard {hard_value}): {error}"
         if error is not None
         else f"the hard limit {hard} does not allow more than the current soft limit {soft}"
     )
-    _log.warning("cannot raise the open-file limit", reason=reason)
-    return UlimitResult(before, before, hard_value, target_soft_limit, False, reason)
+    if before < need:
+        _log.warning("cannot raise the open-file limit", reason=reason, needed=need)
+    return UlimitResult(before, before, hard_value, target_soft_limit, False, reason, needed)
 
 
 # --- output of servers sharing a terminal ----------------------------------------------------------------

@@ -138,6 +138,7 @@ TRACEPARENT_PATTERN: Final = r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}"
 SESSION_COOKIE: Final = "gym_obs_session"  # signed session token (issue 8)
 SESSION_HEADER: Final = "X-NG-Session"  # the same token for callers without a cookie jar
 SESSION_FORWARDED_HEADER: Final = "X-NG-Session-Forwarded"  # set by a worker proxying to the session owner
+INFLIGHT_ROUTE: Final = "/_gym/inflight"  # control route: the agent's in-flight rollouts (issue 18)
 
 # --- environment -----------------------------------------------------------------------------------------
 ENV_TELEMETRY: Final = "GYM_OBS_TELEMETRY"
@@ -147,6 +148,7 @@ ENV_LOG_JSON: Final = "GYM_OBS_LOG_JSON"
 ENV_TELEMETRY_DIR: Final = "GYM_OBS_TELEMETRY_DIR"  # where the `file` exporter writes OTLP JSON lines
 ENV_GLOBAL_CONFIG: Final = "GYM_OBS_GLOBAL_CONFIG"  # resolved global config (JSON) for launched servers
 ENV_SERVER_NAME: Final = "GYM_OBS_SERVER_NAME"  # which server of the global config this process runs
+ENV_HEAD_SERVER: Final = "GYM_OBS_HEAD_SERVER"  # host:port of the head server, for a driver outside launch
 # Subprocess agents (issue 8): a child process reaches its model server through this already-prefixed URL.
 ENV_MODEL_SERVER_NAME: Final = "GYM_OBS_MODEL_SERVER_NAME"
 ENV_MODEL_SERVER_BASE_URL: Final = "GYM_OBS_MODEL_SERVER_BASE_URL"

@@ -24,7 +24,7 @@ from gym_obs.client.http_client import observe_transport_failures, raise_boundar
 from gym_obs.failures.kinds import Boundary, Stage
 from gym_obs.harness.fault_middleware import raise_injected_fault
 from gym_obs.harness.servers._common import HarnessServer, OwnConfig, failure_for_call
-from gym_obs.telemetry import names
+from gym_obs.telemetry import inflight, names
 from gym_obs.telemetry.propagation import current_rollout_id
 
 __all__ = ["AgentServer", "AgentSettings"]
@@ -63,7 +63,9 @@ class AgentServer(HarnessServer):
         @app.post(RUN_ROUTE)
         async def run(request: Request) -> dict[str, Any]:
             body = await request.json()
+            inflight.set_stage("admission")  # the live view (gym-obs top): waiting for a rollout slot
             async with admission:  # queueing before HTTP shows as gym.concurrency.wait.duration
+                inflight.set_stage("agent")
                 return await self.run_rollout(body if isinstance(body, dict) else {})
 
         return app
@@ -132,6 +134,7 @@ class AgentServer(HarnessServer):
                 history.append(await self._generate(turn, history, hops))
                 model_calls += 1
         resources = settings.resources[zlib.crc32(rollout_id.encode()) % len(settings.resources)]
+        inflight.set_stage("verification")
         verdict = await self._call(
             "resources",
             resources,
