@@ -33,6 +33,7 @@ import structlog
 from opentelemetry import trace
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gym_obs.server._exchange import Exchange
 from gym_obs.telemetry import names
 from gym_obs.telemetry._state import STATE
 
@@ -288,9 +289,22 @@ class RequestSession(dict[str, str]):
             self._adopt(found)
         return found
 
-    def reply_start(self, message: Message) -> Message:
-        """``message`` (an ``http.response.start``) handing back a session issued during this request."""
+    def on_reply_start(self, _exchange: Exchange, message: Message) -> Message:
+        """The request's start hook (see ``_exchange``): ``message`` (an ``http.response.start``) handing
+        back a session issued during this request."""
         return self._layer.reply_start(message, self)
+
+    def begin(self) -> None:
+        """The request starts: this session is current (``current_session_id``) until :meth:`end`."""
+        self._context = _CURRENT.set(self)
+
+    def end(self) -> None:
+        """The request is over: the session is no longer current, log lines no longer carry it."""
+        if self._context is not None:
+            _CURRENT.reset(self._context)
+            self._context = None
+        if self._log_tokens is not None:
+            self._unbind()
 
     def __missing__(self, key: str) -> str:
         if key == SESSION_ID_KEY:
@@ -314,11 +328,10 @@ def current_session_id() -> str | None:
 
 
 class SessionLayer:
-    """The steps of sessions for one request, without a middleware of their own.
+    """What the sessions of one server share: signer, routing, owner check, excluded paths.
 
-    ``SimpleServer`` runs them inside the failure-reply layer (one coroutine and one ``send`` wrapper per
-    request for both, see ``_failure_reply``); :class:`SessionMiddleware` runs them as a standalone pure
-    ASGI middleware. ``open`` -> handler -> ``reply_start`` on the response start -> ``close``.
+    :class:`SessionMiddleware` runs its steps for each request: ``open`` -> handler -> ``reply_start`` on
+    the response start -> the session's ``end``.
     """
 
     __slots__ = ("excluded_paths", "owns", "routing", "signer")
@@ -368,7 +381,7 @@ class SessionLayer:
     def _start(self, scope: Scope, session_id: str | None) -> RequestSession:
         session = RequestSession(session_id, self, trace.get_current_span() if STATE.enabled else None)
         scope["session"] = session
-        session._context = _CURRENT.set(session)
+        session.begin()
         return session
 
     def reply_start(self, message: Message, session: RequestSession) -> Message:
@@ -380,15 +393,6 @@ class SessionLayer:
         if self.routing.cookie:
             extra.append((_SET_COOKIE, self._cookie_header(token)))
         return {**message, "headers": [*message.get("headers", ()), *extra]}
-
-    @staticmethod
-    def close(session: RequestSession) -> None:
-        """The request is over: the session is no longer current, log lines no longer carry it."""
-        if session._context is not None:
-            _CURRENT.reset(session._context)
-            session._context = None
-        if session._log_tokens is not None:
-            session._unbind()
 
     def _cookie_header(self, token: str) -> bytes:
         cookie = f"{_COOKIE}={token}; Path=/; HttpOnly; SameSite=Lax"
@@ -402,9 +406,11 @@ class SessionMiddleware:
     """Pure ASGI: resolve the caller's session, or issue one when the handler first asks for it; put the id
     on the SERVER span and on log lines; hand a new session's token back on the reply.
 
-    Install it inside the SERVER span. ``owns`` (set under owner routing) says whether this worker owns a
-    session id; new ids are drawn until this worker owns them, so a new session is always served where it
-    was created. (``SimpleServer`` runs the same :class:`SessionLayer` fused into its failure-reply layer.)
+    Install it inside the SERVER span (the id goes on it) and outside the failure-reply layer (the session
+    is still current when a failure reply is logged, and a failure reply hands a new session back too: the
+    token is a start hook on the request's :class:`~gym_obs.server._exchange.Exchange`). ``owns`` (set
+    under owner routing) says whether this worker owns a session id; new ids are drawn until this worker
+    owns them, so a new session is always served where it was created.
     """
 
     def __init__(
@@ -419,33 +425,20 @@ class SessionMiddleware:
         self.app = app
         self.layer = SessionLayer(signer=signer, routing=routing, owns=owns, excluded_paths=excluded_paths)
 
-    @classmethod
-    def from_layer(cls, app: ASGIApp, layer: SessionLayer) -> SessionMiddleware:
-        """A middleware running an existing :class:`SessionLayer` (same signer, routing and owner check)."""
-        middleware = cls.__new__(cls)
-        middleware.app = app
-        middleware.layer = layer
-        return middleware
-
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         layer = self.layer
-        if scope["type"] not in ("http", "websocket") or scope["path"] in layer.excluded_paths:
+        kind = scope["type"]
+        if (kind != "http" and kind != "websocket") or scope["path"] in layer.excluded_paths:
             await self.app(scope, receive, send)
             return
         session = layer.open(scope)
         if session is None:
             session, receive = await layer.open_reading_body(scope, receive)
         try:
-            await self.app(scope, receive, self._sending(send, session) if scope["type"] == "http" else send)
+            if kind == "http":
+                exchange = Exchange.of(scope)
+                send = exchange.bind(send)
+                exchange.on_start(session.on_reply_start)
+            await self.app(scope, receive, send)
         finally:
-            layer.close(session)
-
-    def _sending(self, send: Send, session: RequestSession) -> Send:
-        layer = self.layer
-
-        async def session_send(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message = layer.reply_start(message, session)
-            await send(message)
-
-        return session_send
+            session.end()
