@@ -12,7 +12,7 @@ import aiohttp
 import httpx
 import orjson
 import pytest
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI, HTTPException, Request
 from multidict import CIMultiDict, CIMultiDictProxy
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from opentelemetry.trace import SpanKind
@@ -360,3 +360,71 @@ def test_setup_webserver_must_return_fastapi() -> None:
 
     with pytest.raises(TypeError, match="must return a FastAPI app"):
         NotFastAPI("demo", _config()).build_app()
+
+
+def _layer_names(app: Any) -> list[str]:
+    """The built stack, outermost first: the wrappers around the FastAPI app, then its own middlewares."""
+    found: list[str] = []
+    while not isinstance(app, FastAPI):
+        found.append(type(app).__name__)
+        app = app.app
+    return [*found, "FastAPI", *(m.cls.__name__ for m in app.user_middleware)]  # type: ignore[attr-defined]
+
+
+def test_the_stack_is_built_in_the_declared_order(telemetry: Capture) -> None:
+    from gym_obs.server._stack import LAYER_ORDER, build_stack
+
+    assert LAYER_ORDER == (
+        "owner_routing",
+        "context",
+        "span",
+        "sessions",
+        "failure_reply",
+        "disconnect",
+        "model_calls",
+    )
+    layers = _layer_names(DemoServer("demo", _config("responses_api_models")).build_app())
+    assert layers == [
+        "PathContextMiddleware",
+        "FastAPI",  # the contrib instrumentation (the SERVER span) wraps the FastAPI app's middlewares
+        "SessionMiddleware",
+        "FailureReplyMiddleware",
+        "DisconnectCancelMiddleware",
+        "ModelCallMiddleware",
+    ]
+    with pytest.raises(ValueError, match="not in LAYER_ORDER"):
+        build_stack(FastAPI(), {"surprise": lambda app: app})
+
+
+def test_servers_without_sessions_or_disconnect_cancellation_leave_those_layers_out() -> None:
+    class Stateless(DemoServer):
+        sessions_enabled = False
+        disconnect_watch_delay_s = None
+
+    assert _layer_names(Stateless("demo", _config()).build_app()) == [
+        "PathContextMiddleware",
+        "FastAPI",
+        "FailureReplyMiddleware",
+    ]
+
+
+async def test_a_failure_reply_hands_back_a_new_session_with_one_report_header() -> None:
+    class Sessioned(DemoServer):
+        def setup_webserver(self) -> FastAPI:
+            app = super().setup_webserver()
+
+            @app.get("/session-then-fail")
+            async def session_then_fail(request: Request) -> None:
+                _ = request.session["session_id"]
+                raise NgFailureEvent("judge_failed", "no", boundary="resources_server", http_status=409)
+
+            return app
+
+    app = Sessioned("demo", _config()).build_app()
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+        reply = await http.get("/session-then-fail")
+    assert reply.status_code == 409
+    assert reply.headers[names.SESSION_HEADER] and reply.cookies.get(names.SESSION_COOKIE)
+    (header,) = reply.headers.get_list(names.FAILURE_REPORT_HEADER)
+    body = FailureReport.from_payload(reply.json()[FAILURE_REPORT_BODY_KEY])
+    assert decode_failure_report(header).to_payload() == body.to_payload()
