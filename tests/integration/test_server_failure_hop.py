@@ -30,7 +30,6 @@ from gym_obs.failures import (
     observe_failure,
     read_report_from_row,
 )
-from gym_obs.failures._shrink import final_chain
 from gym_obs.harness.driver import Driver
 from gym_obs.server import SESSION_ID_KEY, SimpleServer
 from gym_obs.telemetry import names
@@ -100,6 +99,16 @@ def agent() -> Iterator[str]:
         yield url
 
 
+def _chain(report: FailureReport) -> list[str]:
+    """Event ids from the final failure down its causes."""
+    chain: list[str] = []
+    node = report.failure_id
+    while node is not None and node not in chain:
+        chain.append(node)
+        node = report.events[node]["cause_id"]
+    return chain
+
+
 def _kinds(report: FailureReport) -> list[str | None]:
     return [record["failure_kind"] for record in report.events.values()]
 
@@ -112,7 +121,7 @@ async def test_the_failure_reply_reports_the_final_chain_and_the_recovered_failu
     header = decode_failure_report(reply.headers[FAILURE_REPORT_HEADER])
     for report in (body, header):
         assert report.failure_id is not None
-        chain = final_chain(report.events, report.failure_id)
+        chain = _chain(report)
         assert [report.events[eid]["failure_kind"] for eid in chain] == ["verifier_error", None]
         assert report.events[chain[-1]]["exception_type"] == "ZeroDivisionError"
         assert _kinds(report).count("transport_peer_drop") == 1  # the recovered failure, beside the chain

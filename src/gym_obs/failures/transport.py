@@ -4,7 +4,8 @@ A server keeps one :class:`RequestFailureLog` per request (a context variable, s
 handler share it). ``observe_failure`` records a failure where it is first seen — a retry may still recover
 from it — and counts it once (``gym.failure.events`` plus an ``exception`` span event). ``observe_reply``
 merges reports forwarded by other gym servers without counting them again. At reply time the server sends
-``log.report(final=error)`` encoded in the ``X-NG-Failure-Report`` header (and, for an unhandled error, as
+the log's report around its final failure (``log.report_around(observe_failure(error))``: the chain walked
+once) encoded in the ``X-NG-Failure-Report`` header (and, for an unhandled error, as
 ``{"ng_failure_report": payload}`` in the JSON body). No aiohttp or FastAPI here: a reply is anything with
 a ``.headers`` mapping, or the mapping itself.
 """

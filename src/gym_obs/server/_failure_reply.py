@@ -10,6 +10,8 @@ One pure ASGI layer per server (inside the SERVER span, so events carry its trac
   boundary with the exception as its (foreign) cause; an HTTP error reply from an inner gym call keeps the
   inner event as cause, one without a gym report puts its bounded, scrubbed body in the reason.
 Bodies carry the bounded, scrubbed report only: never a traceback, never the exception's raw text.
+A failure reply is built once: the chain is walked once, the report goes into the body and (encoded once,
+by the same start hook that reports recovered failures on a success) into the header.
 """
 
 from __future__ import annotations
