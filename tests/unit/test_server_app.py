@@ -428,3 +428,41 @@ async def test_a_failure_reply_hands_back_a_new_session_with_one_report_header()
     (header,) = reply.headers.get_list(names.FAILURE_REPORT_HEADER)
     body = FailureReport.from_payload(reply.json()[FAILURE_REPORT_BODY_KEY])
     assert decode_failure_report(header).to_payload() == body.to_payload()
+
+
+async def test_a_request_leaves_no_reference_cycle_behind(telemetry: Capture) -> None:
+    # The layers keep their shared per-request object in the scope; nothing it holds may lead back to the
+    # scope, or every request (with the SERVER span's send wrapper closing over the scope) becomes garbage
+    # only the cycle collector can free.
+    import gc
+
+    app = DemoServer("demo", _config()).build_app()
+
+    async def one(path: str) -> int:
+        sent: list[dict[str, Any]] = []
+        scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET",
+            "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+            "headers": [(b"host", b"testserver")], "client": ("127.0.0.1", 5), "server": ("testserver", 80),
+        }  # fmt: skip
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        await app(scope, receive, send)
+        status: int = sent[0]["status"]
+        return status
+
+    assert await one("/items/1") == 200  # warm: first-request caches
+    gc.collect()
+    gc.disable()
+    try:
+        statuses = [await one(path) for path in ("/items/1", "/recovered") * 10]
+        unreachable = gc.collect()
+    finally:
+        gc.enable()
+    assert statuses == [200] * 20
+    assert unreachable == 0

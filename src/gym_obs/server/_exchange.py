@@ -32,10 +32,10 @@ StartHook = Callable[["Exchange", Message], Message]
 class Exchange:
     """One request and its reply, as the gym layers see it (each field is written by one layer)."""
 
-    __slots__ = ("_hooks", "_send", "caller_gone", "failure_log", "final_report", "response_started")
+    __slots__ = ("_bound", "_hooks", "caller_gone", "failure_log", "final_report", "response_started")
 
     def __init__(self) -> None:
-        self._send: Send | None = None
+        self._bound = False
         self._hooks: list[StartHook] | None = None
         self.response_started = False
         #: set by the disconnect layer when it cancelled the handler for a caller that went away
@@ -53,12 +53,30 @@ class Exchange:
         return exchange
 
     def bind(self, send: Send) -> Send:
-        """The ``send`` for a layer to use: the first call wraps ``send`` (marks the reply started, runs
-        the hooks); later calls, from layers further in, get theirs back unchanged (already behind it)."""
-        if self._send is not None:
+        """The ``send`` for a layer to use: the first call wraps ``send`` (marks the reply started, drops
+        messages once the caller is gone, runs the hooks); later calls, from layers further in, get theirs
+        back unchanged (already behind it).
+
+        The wrapper keeps ``send`` in its closure, not on the exchange: ``send`` leads back to the scope
+        (ASGI servers and middlewares close over it), and the scope holds the exchange, so a reference
+        from here would make every request a reference cycle, left to the garbage collector.
+        """
+        if self._bound:
             return send
-        self._send = send
-        return self.send
+        self._bound = True
+
+        async def exchange_send(message: Message) -> None:
+            if self.caller_gone:
+                return  # the handler was cancelled for a caller that went away: nothing goes out after that
+            if message["type"] == "http.response.start":
+                self.response_started = True
+                hooks = self._hooks
+                if hooks is not None:
+                    for hook in reversed(hooks):
+                        message = hook(self, message)
+            await send(message)
+
+        return exchange_send
 
     def on_start(self, hook: StartHook) -> None:
         """Run ``hook`` on the reply's ``http.response.start`` message (register before the app runs)."""
@@ -66,14 +84,3 @@ class Exchange:
             self._hooks = [hook]
         else:
             self._hooks.append(hook)
-
-    async def send(self, message: Message) -> None:
-        if self.caller_gone:
-            return  # the handler was cancelled for a caller that went away: nothing goes out after that
-        if message["type"] == "http.response.start":
-            self.response_started = True
-            hooks = self._hooks
-            if hooks is not None:
-                for hook in reversed(hooks):
-                    message = hook(self, message)
-        await self._send(message)  # type: ignore[misc]
