@@ -18,8 +18,8 @@ import pytest
 import uvicorn
 from fastapi import FastAPI, Request
 
+from gym_obs import ServerClient
 from gym_obs.client.http_client import close_global_aiohttp_client
-from gym_obs.client.server_client import ServerClient
 from gym_obs.config import GlobalConfig, parse_global_config
 from gym_obs.failures import (
     FAILURE_REPORT_BODY_KEY,
