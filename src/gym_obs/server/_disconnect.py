@@ -174,8 +174,7 @@ class DisconnectCancelMiddleware:
         if task is None:
             await self.app(scope, receive, send)
             return
-        exchange = Exchange.of(scope)
-        send = exchange.bind(send)  # drops what the handler sends once the caller is gone
+        exchange, send = Exchange.join(scope, send)  # its send drops messages once the caller is gone
         watch = _Watch(receive, task, exchange)
         sweeper = self._sweeper
         if sweeper is None or sweeper.loop is not task.get_loop():

@@ -45,12 +45,13 @@ class Exchange:
         self.final_report: FailureReport | None = None
 
     @staticmethod
-    def of(scope: MutableMapping[str, Any]) -> Exchange:
-        """The request's exchange; created here when no outer gym layer did (a layer used on its own)."""
+    def join(scope: MutableMapping[str, Any], send: Send) -> tuple[Exchange, Send]:
+        """The request's exchange (created here when no outer gym layer did: a layer used on its own) and
+        the ``send`` to use (see :meth:`bind`): what a layer does first."""
         exchange: Exchange | None = scope.get(EXCHANGE_SCOPE_KEY)
         if exchange is None:
             exchange = scope[EXCHANGE_SCOPE_KEY] = Exchange()
-        return exchange
+        return exchange, exchange.bind(send)
 
     def bind(self, send: Send) -> Send:
         """The ``send`` for a layer to use: the first call wraps ``send`` (marks the reply started, drops

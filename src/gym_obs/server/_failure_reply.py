@@ -165,8 +165,7 @@ class FailureReplyMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        exchange = Exchange.of(scope)
-        send = exchange.bind(send)
+        exchange, send = Exchange.join(scope, send)
         with request_failure_log() as log:
             exchange.failure_log = log
             exchange.on_start(_add_report_header)

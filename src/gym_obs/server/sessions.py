@@ -256,7 +256,7 @@ class RequestSession(dict[str, str]):
     :func:`current_session_id` all issue it.
     """
 
-    __slots__ = ("_context", "_layer", "_log_tokens", "_span", "token")
+    __slots__ = ("_context", "_exchange", "_layer", "_log_tokens", "_span", "token")
 
     def __init__(self, session_id: str | None, layer: SessionLayer, span: Any) -> None:
         # (dict.__init__ is not called: the mapping starts empty, and this runs on every request)
@@ -265,6 +265,7 @@ class RequestSession(dict[str, str]):
         self.token: str | None = None  # set when issued here: the reply hands it to the caller
         self._log_tokens: list[Any] | None = None
         self._context: contextvars.Token[RequestSession | None] | None = None
+        self._exchange: Exchange | None = None
         if session_id is not None:
             self._adopt(session_id)
 
@@ -287,6 +288,8 @@ class RequestSession(dict[str, str]):
             found = self._layer.new_session_id()
             self.token = self._layer.signer.issue(found)
             self._adopt(found)
+            if self._exchange is not None:  # only a request that issued a session pays for the hook
+                self._exchange.on_start(self.on_reply_start)
         return found
 
     def on_reply_start(self, _exchange: Exchange, message: Message) -> Message:
@@ -298,8 +301,13 @@ class RequestSession(dict[str, str]):
         """The request starts: this session is current (``current_session_id``) until :meth:`end`."""
         self._context = _CURRENT.set(self)
 
+    def reply_through(self, exchange: Exchange) -> None:
+        """Hand a session issued during the request back on the reply of ``exchange`` (a start hook)."""
+        self._exchange = exchange
+
     def end(self) -> None:
         """The request is over: the session is no longer current, log lines no longer carry it."""
+        self._exchange = None  # (its hook refers back to this session: no cycle outlives the request)
         if self._context is not None:
             _CURRENT.reset(self._context)
             self._context = None
@@ -436,9 +444,8 @@ class SessionMiddleware:
             session, receive = await layer.open_reading_body(scope, receive)
         try:
             if kind == "http":
-                exchange = Exchange.of(scope)
-                send = exchange.bind(send)
-                exchange.on_start(session.on_reply_start)
+                exchange, send = Exchange.join(scope, send)
+                session.reply_through(exchange)
             await self.app(scope, receive, send)
         finally:
             session.end()
