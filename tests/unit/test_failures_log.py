@@ -20,7 +20,7 @@ from gym_obs.failures import (
     rebuild_failure,
     request_failure_log,
 )
-from gym_obs.failures._base import MAX_EVENTS, new_event_id
+from gym_obs.failures._base import MAX_DEPTH, MAX_EVENTS, new_event_id
 from gym_obs.failures._shrink import final_chain
 from gym_obs.telemetry import names
 from gym_obs.telemetry.testing import Capture, telemetry_state
@@ -177,3 +177,49 @@ def test_log_is_bounded() -> None:
         report = log.report()
     assert len(log) == MAX_EVENTS
     assert report is not None and report.truncated and report.dropped == MAX_EVENTS
+
+
+def test_report_around_the_observed_walk_is_the_report_of_the_final_failure() -> None:
+    with request_failure_log() as log:
+        observe_failure(NgFailureEvent("transport_timeout", "first attempt", boundary="model"))
+        final = NgFailureEvent("agent_run_error", boundary="agent")
+        final.__cause__ = _remote_chain()
+        around = log.report_around(observe_failure(final))  # one walk of the chain
+        walked = log.report(final=final)  # walks it again
+    assert around is not None and walked is not None
+    assert around.to_payload() == walked.to_payload()
+    assert len(around.events) == 4
+
+
+def test_a_chain_that_cannot_join_the_final_one_leaves_the_other_recovered_failures_reported() -> None:
+    # A forwarded chain as deep as a report allows, ending in an event y, was observed; the final failure
+    # then arrives with y rebuilt (same id) on top of 20 more causes: y's forwarded chain would now be
+    # too deep. Only that chain is left out; an unrelated recovered failure is still reported.
+    y = NgFailureEvent("judge_failed", "judge", boundary="resources_server")
+    head: NgFailureEvent = y
+    for i in range(MAX_DEPTH - 1):
+        above = NgFailureEvent("verifier_error", str(i), boundary="resources_server")
+        above.__cause__ = head
+        head = above
+    forwarded = failure_report_for(head)
+    assert len(forwarded.events) == MAX_DEPTH and forwarded.dropped == 0
+    y_again = rebuild_failure(FailureReport(failure_id=y.event_id, events={y.event_id: y.to_record()}))
+    assert y_again is not None
+    cause: BaseException | None = None
+    for i in range(20):
+        error = ValueError(str(i))
+        error.__cause__ = cause
+        cause = error
+    y_again.__cause__ = cause
+    final = NgFailureEvent("agent_run_error", boundary="agent")
+    final.__cause__ = y_again
+    with request_failure_log() as log:
+        log.merge(forwarded)
+        recovered = NgFailureEvent("transport_timeout", "first attempt", boundary="model")
+        observe_failure(recovered)
+        report = log.report(final=final)
+    assert report is not None and report.failure_id == final.event_id
+    assert recovered.event_id in report.events
+    assert len(final_chain(report.events, report.failure_id)) == 22
+    assert head.event_id not in report.events  # the chain that did not fit
+    FailureReport.from_payload(report.to_payload())

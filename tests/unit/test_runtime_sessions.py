@@ -12,7 +12,7 @@ import structlog
 from fastapi import FastAPI, Request
 from opentelemetry.trace import SpanKind
 
-from gym_obs.server._instrumentation import instrument_app_for_telemetry
+from gym_obs.server import instrument_app_for_telemetry
 from gym_obs.server._session_routing import owner_slot
 from gym_obs.server.sessions import (
     SESSION_ID_KEY,

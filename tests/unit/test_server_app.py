@@ -12,7 +12,7 @@ import aiohttp
 import httpx
 import orjson
 import pytest
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI, HTTPException, Request
 from multidict import CIMultiDict, CIMultiDictProxy
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from opentelemetry.trace import SpanKind
@@ -384,3 +384,99 @@ def test_an_unknown_server_type_is_a_config_error_naming_the_valid_ones() -> Non
     assert all(valid in message for valid in SERVER_TYPES)
     assert set(_BOUNDARIES) == set(SERVER_TYPES)  # every valid type has its boundary
     assert boundary_for_server_type(None) == boundary_for_server_type("something_else") == "harness"
+
+
+def _layer_names(app: Any) -> list[str]:
+    """The built stack, outermost first: the wrappers around the FastAPI app, then its own middlewares."""
+    found: list[str] = []
+    while not isinstance(app, FastAPI):
+        found.append(type(app).__name__)
+        app = app.app
+    return [*found, "FastAPI", *(m.cls.__name__ for m in app.user_middleware)]  # type: ignore[attr-defined]
+
+
+def test_the_stack_is_built_in_the_declared_order(telemetry: Capture) -> None:
+    # the order server/_stack.py declares (owner routing only runs under several workers)
+    layers = _layer_names(DemoServer("demo", _config("responses_api_models")).build_app())
+    assert layers == [
+        "InflightRoute",
+        "PathContextMiddleware",
+        "FastAPI",  # the contrib instrumentation (the SERVER span) wraps the FastAPI app's middlewares
+        "SessionMiddleware",
+        "FailureReplyMiddleware",
+        "DisconnectCancelMiddleware",
+        "ModelCallMiddleware",
+    ]
+
+
+def test_servers_without_sessions_or_disconnect_cancellation_leave_those_layers_out() -> None:
+    class Stateless(DemoServer):
+        sessions_enabled = False
+        disconnect_watch_delay_s = None
+
+    assert _layer_names(Stateless("demo", _config()).build_app()) == [
+        "InflightRoute",
+        "PathContextMiddleware",
+        "FastAPI",
+        "FailureReplyMiddleware",
+    ]
+
+
+async def test_a_failure_reply_hands_back_a_new_session_with_one_report_header() -> None:
+    class Sessioned(DemoServer):
+        def setup_webserver(self) -> FastAPI:
+            app = super().setup_webserver()
+
+            @app.get("/session-then-fail")
+            async def session_then_fail(request: Request) -> None:
+                _ = request.session["session_id"]
+                raise NgFailureEvent("judge_failed", "no", boundary="resources_server", http_status=409)
+
+            return app
+
+    app = Sessioned("demo", _config()).build_app()
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+        reply = await http.get("/session-then-fail")
+    assert reply.status_code == 409
+    assert reply.headers[names.SESSION_HEADER] and reply.cookies.get(names.SESSION_COOKIE)
+    (header,) = reply.headers.get_list(names.FAILURE_REPORT_HEADER)
+    body = FailureReport.from_payload(reply.json()[FAILURE_REPORT_BODY_KEY])
+    assert decode_failure_report(header).to_payload() == body.to_payload()
+
+
+async def test_a_request_leaves_no_reference_cycle_behind(telemetry: Capture) -> None:
+    # The layers keep their shared per-request object in the scope; nothing it holds may lead back to the
+    # scope, or every request (with the SERVER span's send wrapper closing over the scope) becomes garbage
+    # only the cycle collector can free.
+    import gc
+
+    app = DemoServer("demo", _config()).build_app()
+
+    async def one(path: str) -> int:
+        sent: list[dict[str, Any]] = []
+        scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET",
+            "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+            "headers": [(b"host", b"testserver")], "client": ("127.0.0.1", 5), "server": ("testserver", 80),
+        }  # fmt: skip
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        await app(scope, receive, send)
+        status: int = sent[0]["status"]
+        return status
+
+    assert await one("/items/1") == 200  # warm: first-request caches
+    gc.collect()
+    gc.disable()
+    try:
+        statuses = [await one(path) for path in ("/items/1", "/recovered") * 10]
+        unreachable = gc.collect()
+    finally:
+        gc.enable()
+    assert statuses == [200] * 20
+    assert unreachable == 0

@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
-from gym_obs.server.middleware import DisconnectCancelMiddleware, FailureReplyMiddleware
+from gym_obs.server import DisconnectCancelMiddleware, FailureReplyMiddleware
 
 Message = dict[str, Any]
 SCOPE: dict[str, Any] = {"type": "http", "path": "/slow", "method": "POST", "headers": []}
+# (a fresh copy per request, as an ASGI server gives each request its own scope: layers keep state in it)
 START: Message = {"type": "http.response.start", "status": 200, "headers": []}
 BODY: Message = {"type": "http.response.body", "body": b"done"}
 
@@ -42,7 +43,7 @@ class _Peer:
 
 async def _run(app: Any, peer: _Peer, hang_up_after: float | None) -> asyncio.Task[None]:
     middleware = DisconnectCancelMiddleware(app, watch_delay_s=0.01)
-    task = asyncio.create_task(middleware(SCOPE, peer.receive, peer.send))
+    task = asyncio.create_task(middleware(dict(SCOPE), peer.receive, peer.send))
     if hang_up_after is not None:
         await asyncio.sleep(hang_up_after)
         peer.hang_up()
@@ -142,7 +143,7 @@ async def test_server_shutdown_cancellation_still_propagates() -> None:
 
     peer = _Peer(b"")
     middleware = DisconnectCancelMiddleware(app, watch_delay_s=0.01)
-    task = asyncio.create_task(middleware(SCOPE, peer.receive, peer.send))
+    task = asyncio.create_task(middleware(dict(SCOPE), peer.receive, peer.send))
     await asyncio.sleep(0.05)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -168,8 +169,8 @@ async def test_an_error_raised_after_the_disconnect_is_not_answered() -> None:
             raise RuntimeError("cleanup failed") from None
 
     peer = _Peer(b"")
-    middleware = FailureReplyMiddleware(app, boundary="agent", disconnect_watch_delay_s=0.01)
-    task = asyncio.create_task(middleware(SCOPE, peer.receive, peer.send))
+    middleware = FailureReplyMiddleware(DisconnectCancelMiddleware(app, watch_delay_s=0.01), boundary="agent")
+    task = asyncio.create_task(middleware(dict(SCOPE), peer.receive, peer.send))
     await asyncio.sleep(0.05)
     peer.hang_up()
     await asyncio.wait_for(task, 2)

@@ -4,7 +4,8 @@ A server keeps one :class:`RequestFailureLog` per request (a context variable, s
 handler share it). ``observe_failure`` records a failure where it is first seen — a retry may still recover
 from it — and counts it once (``gym.failure.events`` plus an ``exception`` span event). ``observe_reply``
 merges reports forwarded by other gym servers without counting them again. At reply time the server sends
-``log.report(final=error)`` encoded in the ``X-NG-Failure-Report`` header (and, for an unhandled error, as
+the log's report around its final failure (``log.report_around(observe_failure(error))``: the chain walked
+once) encoded in the ``X-NG-Failure-Report`` header (and, for an unhandled error, as
 ``{"ng_failure_report": payload}`` in the JSON body). No aiohttp or FastAPI here: a reply is anything with
 a ``.headers`` mapping, or the mapping itself.
 """
@@ -112,9 +113,18 @@ class RequestFailureLog:
         """The report to send with the reply: ``final``'s failure (if any) plus every observed event.
 
         ``None`` when there is nothing to report. The final failure's chain takes precedence: observed
-        events are added around it and cut first if the report would exceed ``MAX_EVENTS``.
+        events are added around it and cut first if the report would exceed ``MAX_EVENTS``. Walks
+        ``final``'s chain; a caller that already has its report (``observe_failure`` returns it) uses
+        :meth:`report_around` and walks the chain once.
         """
-        base, _ = _walk(final)
+        return self.report_around(_walk(final)[0])
+
+    def report_around(self, base: FailureReport) -> FailureReport | None:
+        """:meth:`report` for a final failure already walked into ``base`` (empty: no final failure).
+
+        An observed chain that cannot join ``base`` (only inconsistent remote input makes a cycle or an
+        over-deep chain) is left out on its own; every other observed event is still reported.
+        """
         if base.failure_id is None and not self._events:
             return None
         extra = {eid: record for eid, record in self._events.items() if eid not in base.events}
@@ -123,12 +133,36 @@ class RequestFailureLog:
             try:
                 check_graph(combined)
             except InvalidFailureReport:
-                combined = dict(base.events)
+                combined = _join_fitting(base.events, extra)
         combined, trimmed = trim_to_count(combined, base.failure_id, MAX_EVENTS)
         dropped = min(base.dropped + self._dropped + trimmed, MAX_SKIPPED)
         return FailureReport.model_construct(
             failure_id=base.failure_id, events=combined, truncated=dropped > 0, dropped=dropped
         )
+
+
+def _join_fitting(
+    base: Mapping[str, dict[str, Any]], extra: Mapping[str, dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """``base`` plus each chain of ``extra`` (head down to where it joins ``base``) that keeps the graph
+    valid; the rare path behind a failed whole-map check, so one bad chain costs only itself."""
+    combined = dict(base)
+    referenced = {record["cause_id"] for record in extra.values()}
+    for head in (eid for eid in extra if eid not in referenced):
+        chain: dict[str, dict[str, Any]] = {}
+        node: str | None = head
+        while node is not None and node in extra and node not in chain and node not in combined:
+            chain[node] = extra[node]
+            node = extra[node]["cause_id"]
+        if not chain:
+            continue
+        trial = {**combined, **chain}
+        try:
+            check_graph(trial)
+        except InvalidFailureReport:
+            continue
+        combined = trial
+    return combined
 
 
 class request_failure_log:  # lower case: used like the function it replaced

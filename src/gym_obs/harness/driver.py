@@ -23,7 +23,7 @@ from opentelemetry.trace import Span, SpanKind, Tracer
 
 from gym_obs.client.http_client import raise_boundary_failure
 from gym_obs.client.server_client import ServerClient
-from gym_obs.failures import NgFailureEvent, observe_failure
+from gym_obs.failures import NgFailureEvent, observe_failure, request_failure_log
 from gym_obs.harness.agent_reply import AgentReply, malformed_reply, parse_agent_reply, recovered_failures
 from gym_obs.harness.rows import RolloutResult
 from gym_obs.harness.servers._common import failure_for_call
@@ -71,7 +71,9 @@ class Driver:
         agent = self.agents[index % len(self.agents)]
         started_at = time.time()
         started = time.perf_counter()
-        with rollout_context(rollout_id), self._span(rollout_id) as span:
+        # The rollout's own failure log: the agent's failure reply is merged into it (raise_boundary_failure),
+        # so a failed row keeps the failures the agent recovered from, not only the final chain.
+        with rollout_context(rollout_id), self._span(rollout_id) as span, request_failure_log() as log:
             trace_id = current_ids()[0]
             common: dict[str, Any] = {
                 "index": index,
@@ -84,11 +86,14 @@ class Driver:
                 reply = await self._run(agent, index)
             except Exception as err:
                 failure = err if isinstance(err, NgFailureEvent) else self._own_failure(err, agent)
-                observe_failure(failure)  # counts failures first seen here; forwarded ones were counted
+                # counts failures first seen here (forwarded ones were counted); one walk of the chain
+                report = log.report_around(observe_failure(failure))
                 if span is not None:
                     record_exception(span, failure)
                     set_span_error(span, failure.failure_kind)
-                result = RolloutResult.failed(failure, duration_s=time.perf_counter() - started, **common)
+                result = RolloutResult.failed(
+                    failure, report=report, duration_s=time.perf_counter() - started, **common
+                )
             else:
                 result = RolloutResult(
                     outcome=names.ROLLOUT_OUTCOME_SUCCESS,

@@ -91,8 +91,12 @@ class RolloutResult:
     error: str | None = None
 
     @classmethod
-    def failed(cls, error: BaseException, **fields: Any) -> RolloutResult:
-        report = failure_report_for(error)
+    def failed(
+        cls, error: BaseException, report: FailureReport | None = None, **fields: Any
+    ) -> RolloutResult:
+        """A failed rollout; ``report`` (default: ``error``'s own chain) may add what else was observed."""
+        if report is None:
+            report = failure_report_for(error)
         result = cls(outcome="failure", report=report, **fields)
         result.root = root_cause_of(report)
         result.error = str(error)

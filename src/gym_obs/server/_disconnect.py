@@ -8,6 +8,11 @@ Cost on the fast path is a set insert and removal: one sweeper task per event lo
 requests are in flight) looks at the running requests every ``watch_delay_s`` and starts a watcher task
 only for those it has already seen on its previous pass, so quick requests never pay for a task or a timer
 and a disconnect is noticed within two sweeps.
+
+This layer wraps only ``receive``. Whether the reply has started is the request's
+:class:`~gym_obs.server._exchange.Exchange`'s to know, and once this layer says the caller is gone
+(``Exchange.caller_gone``) the exchange's ``send`` (the one wrapper every layer shares) drops what the
+handler still sends, and the failure-reply layer outside sends no failure reply.
 """
 
 from __future__ import annotations
@@ -19,9 +24,7 @@ from typing import Any, Final
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gym_obs.failures.transport import RequestFailureLog
-from gym_obs.server._report_header import with_report_header
-from gym_obs.server.sessions import RequestSession
+from gym_obs.server._exchange import Exchange
 
 __all__ = ["DEFAULT_WATCH_DELAY_S", "DisconnectCancelMiddleware"]
 
@@ -37,28 +40,21 @@ class _Watch:
     __slots__ = (
         "_changed",
         "_receive",
-        "_send",
-        "_task",
         "_watcher",
         "aged",
         "body_done",
         "buffer",
         "cancelled_by_us",
         "disconnected",
+        "exchange",
         "in_receive",
-        "log",
-        "response_started",
-        "session",
+        "task",
     )
 
-    def __init__(
-        self, receive: Receive, send: Send, task: asyncio.Task[Any], log: RequestFailureLog | None = None
-    ) -> None:
+    def __init__(self, receive: Receive, task: asyncio.Task[Any], exchange: Exchange) -> None:
         self._receive = receive
-        self._send = send
-        self._task = task
-        self.log = log
-        self.session: RequestSession | None = None  # set by the fused session layer (SimpleServer)
+        self.task = task
+        self.exchange = exchange
         self.aged = False
         self._watcher: asyncio.Task[None] | None = None
         self._changed: asyncio.Event | None = None
@@ -66,7 +62,6 @@ class _Watch:
         self.body_done = False
         self.disconnected = False
         self.in_receive = False
-        self.response_started = False
         self.cancelled_by_us = False
 
     # -- the app's view ------------------------------------------------------------------------------------
@@ -88,31 +83,18 @@ class _Watch:
             await self._changed.wait()
             self._changed.clear()
 
-    async def send(self, message: Message) -> None:
-        if self.cancelled_by_us:
-            return  # the caller is gone and the handler was cancelled: nothing goes out after that
-        if message["type"] == "http.response.start":
-            self.response_started = True
-            log = self.log
-            if log is not None and len(log):
-                message = with_report_header(message, log)
-            session = self.session
-            if session is not None and session.token is not None:
-                message = session.reply_start(message)
-        await self._send(message)
-
     # -- watching ------------------------------------------------------------------------------------------
 
     def start(self) -> bool:
         """Start watching for the disconnect; False means: not now, ask again on the next sweep."""
-        if self.response_started or self.disconnected or self._watcher is not None:
+        if self.exchange.response_started or self.disconnected or self._watcher is not None:
             return True
         if self.in_receive:
             # Reading the body itself: look again later. Past the body: it waits for the disconnect itself.
             return self.body_done
         self._changed = asyncio.Event()
         self.buffer = deque()
-        self._watcher = self._task.get_loop().create_task(self._watch())
+        self._watcher = self.task.get_loop().create_task(self._watch())
         return True
 
     async def _watch(self) -> None:
@@ -128,11 +110,12 @@ class _Watch:
             if not self.disconnected:
                 # uvicorn answers this only on disconnect or once the response is complete.
                 message = await self._receive()
-                if message["type"] == "http.disconnect" and not self.response_started:
+                if message["type"] == "http.disconnect" and not self.exchange.response_started:
                     self.disconnected = True
-            if self.disconnected and not self.response_started:
+            if self.disconnected and not self.exchange.response_started:
                 self.cancelled_by_us = True
-                self._task.cancel()
+                self.exchange.caller_gone = True
+                self.task.cancel()
         finally:
             changed.set()
 
@@ -191,45 +174,37 @@ class DisconnectCancelMiddleware:
         if task is None:
             await self.app(scope, receive, send)
             return
-        watch = self.begin(receive, send, task)
-        try:
-            await self.app(scope, watch.receive, watch.send)
-        except asyncio.CancelledError:
-            if not self.absorb(watch, scope):
-                raise
-        finally:
-            self.end(watch)
-
-    # begin / absorb / end: the steps of one request, also used by FailureReplyMiddleware, which fuses
-    # this middleware into its own layer (one coroutine and one send wrapper per request instead of two).
-
-    def begin(
-        self, receive: Receive, send: Send, task: asyncio.Task[Any], log: RequestFailureLog | None = None
-    ) -> _Watch:
-        """Start tracking one request; call the app with ``watch.receive`` and ``watch.send``."""
-        watch = _Watch(receive, send, task, log)
+        exchange, send = Exchange.join(scope, send)  # its send drops messages once the caller is gone
+        watch = _Watch(receive, task, exchange)
         sweeper = self._sweeper
         if sweeper is None or sweeper.loop is not task.get_loop():
             sweeper = self._sweeper = _Sweeper(task.get_loop(), self.watch_delay_s)
         sweeper.add(watch)
-        return watch
+        try:
+            await self.app(scope, watch.receive, send)
+        except asyncio.CancelledError:
+            if not self._absorb(watch, scope):
+                raise
+        finally:
+            self._end(watch)
 
-    def absorb(self, watch: _Watch, scope: Scope) -> bool:
+    @staticmethod
+    def _absorb(watch: _Watch, scope: Scope) -> bool:
         """For a CancelledError out of the app: True when it was our disconnect cancellation (swallow it)."""
         if not watch.cancelled_by_us:
             return False
-        watch.cancelled_by_us = False  # handled: end() must not uncancel again
+        watch.cancelled_by_us = False  # handled: _end() must not uncancel again
         watch.close()
-        if watch._task.uncancel() > 0:
+        if watch.task.uncancel() > 0:
             return False  # somebody else (server shutdown) cancelled the task as well
         _log.info("client disconnected before the reply; handler cancelled", extra={"path": scope["path"]})
         return True
 
-    def end(self, watch: _Watch) -> None:
+    def _end(self, watch: _Watch) -> None:
         """Stop tracking; undo our cancellation if the handler swallowed it."""
         if self._sweeper is not None:
             self._sweeper.running.discard(watch)
         watch.close()
         if watch.cancelled_by_us:
             watch.cancelled_by_us = False
-            watch._task.uncancel()
+            watch.task.uncancel()

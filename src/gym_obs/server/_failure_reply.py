@@ -1,6 +1,6 @@
 """Failure log and exception reply: every failure a request saw goes back to its caller as a report.
 
-One pure ASGI middleware per server (inside the SERVER span, so events carry its trace and span ids):
+One pure ASGI layer per server (inside the SERVER span, so events carry its trace and span ids):
 - a fresh ``RequestFailureLog`` is current while the request runs; handlers and the client observe into it;
 - every reply of a request that observed failures carries ``X-NG-Failure-Report`` (success replies too:
   a model attempt that a retry recovered is still reported);
@@ -10,11 +10,12 @@ One pure ASGI middleware per server (inside the SERVER span, so events carry its
   boundary with the exception as its (foreign) cause; an HTTP error reply from an inner gym call keeps the
   inner event as cause, one without a gym report puts its bounded, scrubbed body in the reason.
 Bodies carry the bounded, scrubbed report only: never a traceback, never the exception's raw text.
+A failure reply is built once: the chain is walked once, the report goes into the body and (encoded once,
+by the same start hook that reports recovered failures on a success) into the header.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any, Final
 
@@ -28,21 +29,27 @@ from gym_obs.failures.kinds import Boundary
 from gym_obs.failures.report import FailureReport, find_boundary_failure, rebuild_failure
 from gym_obs.failures.transport import (
     FAILURE_REPORT_BODY_KEY,
+    FAILURE_REPORT_HEADER,
     RequestFailureLog,
     encode_failure_report,
     observe_failure,
     report_from_reply_header,
     request_failure_log,
 )
-from gym_obs.server._disconnect import DisconnectCancelMiddleware
+from gym_obs.server._exchange import Exchange
 from gym_obs.server._instrumentation import restore_after_instrumentation
-from gym_obs.server._report_header import REPORT_HEADER, with_report_header
-from gym_obs.server.sessions import RequestSession, SessionLayer, SessionMiddleware
 from gym_obs.telemetry._state import STATE
 from gym_obs.telemetry.bodies import bounded_excerpt
 
-__all__ = ["FailureReplyMiddleware", "boundary_for_server_type", "failure_for_exception", "reply_status"]
+__all__ = [
+    "FailureReplyMiddleware",
+    "boundary_for_server_type",
+    "failure_for_exception",
+    "failure_reply",
+    "reply_status",
+]
 
+_REPORT_HEADER: Final = FAILURE_REPORT_HEADER.lower().encode("latin-1")
 _DEFAULT_STATUS: Final = 500
 _UPSTREAM_BODY_CHARS: Final = 500  # of an upstream's error body in this hop's failure reason
 _MIN_ERROR_STATUS: Final = 400
@@ -124,151 +131,82 @@ def _is_remote(event: NgFailureEvent) -> bool:
     return origin is not None and STATE.server_name is not None and origin != STATE.server_name
 
 
-class _Reply:
-    """Per-request state without disconnect handling: the failure log and whether the reply started."""
-
-    __slots__ = ("_send", "log", "response_started", "session")
-
-    def __init__(self, log: RequestFailureLog, send: Send, session: RequestSession | None) -> None:
-        self.log = log
-        self._send = send
-        self.session = session
-        self.response_started = False
-
-    async def send(self, message: Message) -> None:
-        if message["type"] == "http.response.start":
-            self.response_started = True
-            if len(self.log):
-                message = with_report_header(message, self.log)
-            session = self.session
-            if session is not None and session.token is not None:
-                message = session.reply_start(message)
-        await self._send(message)
+def _add_report_header(exchange: Exchange, message: Message) -> Message:
+    """The start hook: ``X-NG-Failure-Report`` for the failure replied with, else for what was observed."""
+    report = exchange.final_report
+    if report is None:
+        log = exchange.failure_log
+        if log is None or not len(log):
+            return message
+        report = log.report()
+    value = encode_failure_report(report) if report is not None else ""
+    if not value:
+        return message
+    headers = [(k, v) for k, v in message.get("headers", ()) if k.lower() != _REPORT_HEADER]
+    headers.append((_REPORT_HEADER, value.encode("latin-1")))
+    return {**message, "headers": headers}
 
 
 class FailureReplyMiddleware:
     """Keeps the request's failure log, reports it on every reply, turns exceptions into failure replies.
 
-    With ``disconnect_watch_delay_s`` it also cancels the handler when the caller disconnects before the
-    reply (:class:`DisconnectCancelMiddleware` fused in), and with ``sessions`` it runs the session steps
-    (:class:`SessionLayer`) around the request: one layer and one ``send`` wrapper per request for all three.
+    Pure ASGI; install it inside the SERVER span. It shares the request's
+    :class:`~gym_obs.server._exchange.Exchange` with the other gym layers: the report header is a start
+    hook, and no reply is attempted once the reply started or the caller is gone (the disconnect layer,
+    inside this one, says so).
     """
 
-    def __init__(
-        self,
-        app: ASGIApp,
-        *,
-        boundary: Boundary = "harness",
-        disconnect_watch_delay_s: float | None = None,
-        sessions: SessionLayer | None = None,
-    ) -> None:
+    def __init__(self, app: ASGIApp, *, boundary: Boundary = "harness") -> None:
         self.app = app
         self.boundary = boundary
-        self._cancellable = (
-            None
-            if disconnect_watch_delay_s is None
-            else DisconnectCancelMiddleware(app, watch_delay_s=disconnect_watch_delay_s)
-        )
-        self._sessions = sessions
-        # Websockets have no failure reply; they still get their session (standalone middleware).
-        self._websocket_app: ASGIApp = app
-        if sessions is not None:
-            self._websocket_app = SessionMiddleware.from_layer(app, sessions)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         restore_after_instrumentation(scope)  # the query the path middleware hid from the SERVER span
         if scope["type"] != "http":
-            if scope["type"] == "websocket":
-                await self._websocket_app(scope, receive, send)
-            else:
-                await self.app(scope, receive, send)
+            await self.app(scope, receive, send)
             return
+        exchange, send = Exchange.join(scope, send)
         with request_failure_log() as log:
-            session: RequestSession | None = None
-            sessions = self._sessions
-            if sessions is not None and scope["path"] not in sessions.excluded_paths:
-                session = sessions.open(scope)
-                if session is None:
-                    session, receive = await sessions.open_reading_body(scope, receive)
+            exchange.failure_log = log
+            exchange.on_start(_add_report_header)
             try:
-                cancellable = self._cancellable
-                if cancellable is None or (task := asyncio.current_task()) is None:
-                    await self._call_plain(scope, receive, send, log, session)
-                else:
-                    await self._call_cancellable(scope, receive, send, log, session, cancellable, task)
-            finally:
-                if session is not None:
-                    sessions.close(session)  # type: ignore[union-attr]
+                await self.app(scope, receive, send)
+            except Exception as error:
+                if exchange.caller_gone:  # the caller is gone: nothing is sent, the error is only logged
+                    _log.warning("handler failed after the caller disconnected", exc_info=error)
+                    return
+                if exchange.response_started:
+                    _log.error("handler failed after the reply started", exc_info=error)
+                    raise
+                await self._reply(error, log, exchange, send)
 
-    async def _call_cancellable(
-        self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        log: RequestFailureLog,
-        session: RequestSession | None,
-        cancellable: DisconnectCancelMiddleware,
-        task: asyncio.Task[Any],
-    ) -> None:
-        watch = cancellable.begin(receive, send, task, log)
-        watch.session = session
-        try:
-            await self.app(scope, watch.receive, watch.send)
-        except asyncio.CancelledError:
-            if not cancellable.absorb(watch, scope):
-                raise
-        except Exception as error:
-            if watch.cancelled_by_us:  # the caller is gone: nothing is sent, the error is only logged
-                _log.warning("handler failed after the caller disconnected", exc_info=error)
-                return
-            if watch.response_started:
-                _log.error("handler failed after the reply started", exc_info=error)
-                raise
-            await self._reply(error, log, send, session)
-        finally:
-            cancellable.end(watch)
-
-    async def _call_plain(
-        self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        log: RequestFailureLog,
-        session: RequestSession | None,
-    ) -> None:
-        reply = _Reply(log, send, session)
-        try:
-            await self.app(scope, receive, reply.send)
-        except Exception as error:
-            if reply.response_started:
-                _log.error("handler failed after the reply started", exc_info=error)
-                raise
-            await self._reply(error, log, send, session)
-
-    async def _reply(
-        self, error: Exception, log: RequestFailureLog, send: Send, session: RequestSession | None
-    ) -> None:
+    async def _reply(self, error: Exception, log: RequestFailureLog, exchange: Exchange, send: Send) -> None:
         event = failure_for_exception(error, self.boundary)
-        observe_failure(event)
-        report = log.report(final=event)
-        status = reply_status(event)
+        status, body = failure_reply(event, log, exchange)
         if event is error:
             _log.warning("replying with failure %s (%s)", event.event_id, event)
         else:
             _log.error(
                 "unhandled exception; replying with failure %s (%s)", event.event_id, event, exc_info=error
             )
-        payload: dict[str, Any] = {"detail": str(event)}
-        headers = [(b"content-type", b"application/json")]
-        if report is not None:
-            payload[FAILURE_REPORT_BODY_KEY] = report.to_payload()
-            value = encode_failure_report(report)
-            if value:
-                headers.append((REPORT_HEADER, value.encode("latin-1")))
-        body = orjson.dumps(payload)
-        headers.append((b"content-length", str(len(body)).encode("latin-1")))
-        start: Message = {"type": "http.response.start", "status": status, "headers": headers}
-        if session is not None and session.token is not None:
-            start = session.reply_start(start)
-        await send(start)
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode("latin-1")),
+        ]
+        # The start hooks add the report header (from exchange.final_report) and a new session's token.
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+def failure_reply(event: NgFailureEvent, log: RequestFailureLog, exchange: Exchange) -> tuple[int, bytes]:
+    """Observe ``event`` and build its reply once: the status and the JSON body holding the report.
+
+    The cause chain is walked once (``observe_failure`` returns the walk, the log's report is built around
+    it); the report is kept on ``exchange`` for the header hook, which encodes it once.
+    """
+    report = log.report_around(observe_failure(event))
+    exchange.final_report = report
+    payload: dict[str, Any] = {"detail": str(event)}
+    if report is not None:
+        payload[FAILURE_REPORT_BODY_KEY] = report.to_payload()
+    return reply_status(event), orjson.dumps(payload)

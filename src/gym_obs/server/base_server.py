@@ -1,11 +1,11 @@
 """BaseServer and SimpleServer: a gym server is a FastAPI app plus the runtime around it.
 
 Subclass :class:`SimpleServer` and implement ``setup_webserver() -> FastAPI``. ``build_app()`` returns the
-fully wrapped ASGI app (telemetry set up first, liveness routes, the gym middlewares, sessions, the one
-SERVER span, optional profiling; session owner routing outermost under several workers); it runs under any
-ASGI server and in tests. ``run_webserver()`` serves it under uvicorn from the global
-config. Servers are started by the launcher (``gym-obs serve``), which imports ``entrypoint`` and calls
-:func:`load_server` in each child process.
+fully wrapped ASGI app (telemetry set up first, liveness routes, optional profiling, then the gym layers in
+the order ``_stack.LAYER_ORDER`` declares: owner routing, context, the one SERVER span, sessions, failure
+reply, disconnect cancellation, model calls); it runs under any ASGI server and in tests.
+``run_webserver()`` serves it under uvicorn from the global config. Servers are started by the launcher
+(``gym-obs serve``), which imports ``entrypoint`` and calls :func:`load_server` in each child process.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from gym_obs.client.server_client import ServerClient, global_config_from_enviro
 from gym_obs.config import GlobalConfig, ServerInstanceConfig
 from gym_obs.failures.kinds import Boundary
 from gym_obs.server._access_log import install_query_free_access_log
-from gym_obs.server._disconnect import DEFAULT_WATCH_DELAY_S
+from gym_obs.server._context import PathContextMiddleware
+from gym_obs.server._disconnect import DEFAULT_WATCH_DELAY_S, DisconnectCancelMiddleware
 from gym_obs.server._failure_reply import FailureReplyMiddleware, boundary_for_server_type
 from gym_obs.server._instrumentation import HEALTH_ROUTES, instrument_app_for_telemetry
 from gym_obs.server._native_telemetry import disable_native_telemetry
@@ -35,14 +36,14 @@ from gym_obs.server._session_routing import (
     owner_routing_dir,
     worker_routing_environment,
 )
+from gym_obs.server._stack import Install, build_stack, fastapi_middleware
 from gym_obs.server._validation_log import log_validation_failures
 from gym_obs.server.inflight_route import inflight_route_for
-from gym_obs.server.middleware import PathContextMiddleware
 from gym_obs.server.model_calls import install_model_calls
 from gym_obs.server.ops import nofile_needed, profiler_for, set_ulimit
 from gym_obs.server.sessions import (
     OwnedSessionRouting,
-    SessionLayer,
+    SessionMiddleware,
     SessionSigner,
     derive_session_key,
     ensure_session_secret,
@@ -103,8 +104,9 @@ class BaseServer:
 class SimpleServer(BaseServer, abc.ABC):
     """A gym server: implement :meth:`setup_webserver`; the runtime adds everything else."""
 
-    #: Delay before a running handler starts watching for the caller's disconnect (see _disconnect).
-    disconnect_watch_delay_s: ClassVar[float] = DEFAULT_WATCH_DELAY_S
+    #: Delay before a running handler starts watching for the caller's disconnect (see _disconnect);
+    #: ``None``: handlers are never cancelled for a caller that went away.
+    disconnect_watch_delay_s: ClassVar[float | None] = DEFAULT_WATCH_DELAY_S
     #: Give every caller a signed session id (``request.session["session_id"]``; see ``sessions``).
     sessions_enabled: ClassVar[bool] = True
     #: With ``num_workers > 1``, serve every request of a session on the worker that owns it, so per-session
@@ -138,26 +140,24 @@ class SimpleServer(BaseServer, abc.ABC):
             reason = "routes_sessions_to_owner needs sessions_enabled"
         return reason
 
-    def _session_layer(self) -> tuple[SessionLayer | None, Callable[[ASGIApp], ASGIApp]]:
-        """The session steps (run inside the failure-reply layer) and what wraps the finished app (owner
-        routing under several workers, else nothing)."""
+    def _session_layers(self) -> tuple[Install | None, Install | None]:
+        """The sessions layer and the owner-routing layer (only under several workers), as installers."""
         if not self.sessions_enabled:
-            return None, _unwrapped
+            return None, None
         signer = SessionSigner(self.get_session_middleware_key())
         routing = self.owned_session_routing()
         routing_dir = owner_routing_dir()
         workers = self.config.num_workers
+        if not (self.routes_sessions_to_owner and workers > 1 and routing_dir is not None):
+            return fastapi_middleware(
+                SessionMiddleware, signer=signer, routing=routing, excluded_paths=HEALTH_ROUTES
+            ), None
         router: OwnerRoutingMiddleware | None = None
 
         def owns(session_id: str) -> bool:
             return router is None or router.owns(session_id)
 
-        layer = SessionLayer(signer=signer, routing=routing, owns=owns, excluded_paths=HEALTH_ROUTES)
-        if not (self.routes_sessions_to_owner and workers > 1 and routing_dir is not None):
-            layer.owns = None
-            return layer, _unwrapped
-
-        def wrap(inner: ASGIApp) -> ASGIApp:
+        def route(inner: ASGIApp) -> ASGIApp:
             nonlocal router
             router = OwnerRoutingMiddleware(
                 inner,
@@ -169,7 +169,10 @@ class SimpleServer(BaseServer, abc.ABC):
             )
             return router
 
-        return layer, wrap
+        sessions = fastapi_middleware(
+            SessionMiddleware, signer=signer, routing=routing, owns=owns, excluded_paths=HEALTH_ROUTES
+        )
+        return sessions, route
 
     @abc.abstractmethod
     def setup_webserver(self) -> FastAPI:
@@ -242,7 +245,30 @@ class SimpleServer(BaseServer, abc.ABC):
         if profiler is not None:
             profiler.attach(app)
         self._track_lifespan(app)
-        # Model servers: GenAI metrics off the reply (inside the failure-reply layer, so exceptions are seen).
+        sessions, owner_routing = self._session_layers()
+        return build_stack(
+            app,
+            {
+                "control": self._control_routes,
+                "owner_routing": owner_routing,
+                "context": lambda inner: PathContextMiddleware(inner, hide_query=True),
+                "span": _instrumented,
+                "sessions": sessions,
+                "failure_reply": fastapi_middleware(FailureReplyMiddleware, boundary=self.failure_boundary),
+                "disconnect": self._disconnect_layer(),
+                "model_calls": self._install_model_calls,
+            },
+        )
+
+    def _control_routes(self, app: ASGIApp) -> ASGIApp:
+        return inflight_route_for(app, self.server_name, self.server_type, self.global_config)
+
+    def _disconnect_layer(self) -> Install | None:
+        delay = self.disconnect_watch_delay_s
+        return None if delay is None else fastapi_middleware(DisconnectCancelMiddleware, watch_delay_s=delay)
+
+    def _install_model_calls(self, app: ASGIApp) -> ASGIApp:
+        """Model servers: GenAI metrics off the reply (when their config and telemetry say so)."""
         install_model_calls(
             app,
             server_name=self.server_name,
@@ -250,20 +276,7 @@ class SimpleServer(BaseServer, abc.ABC):
             own_config=self.config.own_config(),
             where=self.where,
         )
-        # Outermost of the app's own middlewares (inside the SERVER span, so events and the session id are
-        # on it): failure log and replies, with client-disconnect cancellation and sessions fused in (one
-        # layer and one send wrapper per request).
-        sessions, wrap = self._session_layer()
-        app.add_middleware(
-            FailureReplyMiddleware,
-            boundary=self.failure_boundary,
-            disconnect_watch_delay_s=self.disconnect_watch_delay_s,
-            sessions=sessions,
-        )
-        instrument_app_for_telemetry(app)
-        # Owner routing, when on, is outermost: a forwarded request runs no telemetry where it arrived.
-        wrapped = wrap(PathContextMiddleware(app, hide_query=True))
-        return inflight_route_for(wrapped, self.server_name, self.server_type, self.global_config)
+        return app
 
     def run_webserver(self) -> None:
         """Serve under uvicorn as configured in the global config until SIGINT/SIGTERM, then flush telemetry.
@@ -330,7 +343,9 @@ async def _close_client_sessions() -> None:
         _log.warning("closing the client sessions failed", exc_info=True)
 
 
-def _unwrapped(app: ASGIApp) -> ASGIApp:
+def _instrumented(app: ASGIApp) -> ASGIApp:
+    """The SERVER span: the contrib instrumentation goes into the FastAPI app (not when telemetry is off)."""
+    instrument_app_for_telemetry(app)
     return app
 
 

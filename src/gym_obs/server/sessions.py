@@ -33,6 +33,7 @@ import structlog
 from opentelemetry import trace
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gym_obs.server._exchange import Exchange
 from gym_obs.telemetry import names
 from gym_obs.telemetry._state import STATE
 
@@ -255,7 +256,7 @@ class RequestSession(dict[str, str]):
     :func:`current_session_id` all issue it.
     """
 
-    __slots__ = ("_context", "_layer", "_log_tokens", "_span", "token")
+    __slots__ = ("_context", "_exchange", "_layer", "_log_tokens", "_span", "token")
 
     def __init__(self, session_id: str | None, layer: SessionLayer, span: Any) -> None:
         # (dict.__init__ is not called: the mapping starts empty, and this runs on every request)
@@ -264,6 +265,7 @@ class RequestSession(dict[str, str]):
         self.token: str | None = None  # set when issued here: the reply hands it to the caller
         self._log_tokens: list[Any] | None = None
         self._context: contextvars.Token[RequestSession | None] | None = None
+        self._exchange: Exchange | None = None
         if session_id is not None:
             self._adopt(session_id)
 
@@ -286,11 +288,31 @@ class RequestSession(dict[str, str]):
             found = self._layer.new_session_id()
             self.token = self._layer.signer.issue(found)
             self._adopt(found)
+            if self._exchange is not None:  # only a request that issued a session pays for the hook
+                self._exchange.on_start(self.on_reply_start)
         return found
 
-    def reply_start(self, message: Message) -> Message:
-        """``message`` (an ``http.response.start``) handing back a session issued during this request."""
+    def on_reply_start(self, _exchange: Exchange, message: Message) -> Message:
+        """The request's start hook (see ``_exchange``): ``message`` (an ``http.response.start``) handing
+        back a session issued during this request."""
         return self._layer.reply_start(message, self)
+
+    def begin(self) -> None:
+        """The request starts: this session is current (``current_session_id``) until :meth:`end`."""
+        self._context = _CURRENT.set(self)
+
+    def reply_through(self, exchange: Exchange) -> None:
+        """Hand a session issued during the request back on the reply of ``exchange`` (a start hook)."""
+        self._exchange = exchange
+
+    def end(self) -> None:
+        """The request is over: the session is no longer current, log lines no longer carry it."""
+        self._exchange = None  # (its hook refers back to this session: no cycle outlives the request)
+        if self._context is not None:
+            _CURRENT.reset(self._context)
+            self._context = None
+        if self._log_tokens is not None:
+            self._unbind()
 
     def __missing__(self, key: str) -> str:
         if key == SESSION_ID_KEY:
@@ -314,11 +336,10 @@ def current_session_id() -> str | None:
 
 
 class SessionLayer:
-    """The steps of sessions for one request, without a middleware of their own.
+    """What the sessions of one server share: signer, routing, owner check, excluded paths.
 
-    ``SimpleServer`` runs them inside the failure-reply layer (one coroutine and one ``send`` wrapper per
-    request for both, see ``_failure_reply``); :class:`SessionMiddleware` runs them as a standalone pure
-    ASGI middleware. ``open`` -> handler -> ``reply_start`` on the response start -> ``close``.
+    :class:`SessionMiddleware` runs its steps for each request: ``open`` -> handler -> ``reply_start`` on
+    the response start -> the session's ``end``.
     """
 
     __slots__ = ("excluded_paths", "owns", "routing", "signer")
@@ -368,7 +389,7 @@ class SessionLayer:
     def _start(self, scope: Scope, session_id: str | None) -> RequestSession:
         session = RequestSession(session_id, self, trace.get_current_span() if STATE.enabled else None)
         scope["session"] = session
-        session._context = _CURRENT.set(session)
+        session.begin()
         return session
 
     def reply_start(self, message: Message, session: RequestSession) -> Message:
@@ -380,15 +401,6 @@ class SessionLayer:
         if self.routing.cookie:
             extra.append((_SET_COOKIE, self._cookie_header(token)))
         return {**message, "headers": [*message.get("headers", ()), *extra]}
-
-    @staticmethod
-    def close(session: RequestSession) -> None:
-        """The request is over: the session is no longer current, log lines no longer carry it."""
-        if session._context is not None:
-            _CURRENT.reset(session._context)
-            session._context = None
-        if session._log_tokens is not None:
-            session._unbind()
 
     def _cookie_header(self, token: str) -> bytes:
         cookie = f"{_COOKIE}={token}; Path=/; HttpOnly; SameSite=Lax"
@@ -402,9 +414,11 @@ class SessionMiddleware:
     """Pure ASGI: resolve the caller's session, or issue one when the handler first asks for it; put the id
     on the SERVER span and on log lines; hand a new session's token back on the reply.
 
-    Install it inside the SERVER span. ``owns`` (set under owner routing) says whether this worker owns a
-    session id; new ids are drawn until this worker owns them, so a new session is always served where it
-    was created. (``SimpleServer`` runs the same :class:`SessionLayer` fused into its failure-reply layer.)
+    Install it inside the SERVER span (the id goes on it) and outside the failure-reply layer (the session
+    is still current when a failure reply is logged, and a failure reply hands a new session back too: the
+    token is a start hook on the request's :class:`~gym_obs.server._exchange.Exchange`). ``owns`` (set
+    under owner routing) says whether this worker owns a session id; new ids are drawn until this worker
+    owns them, so a new session is always served where it was created.
     """
 
     def __init__(
@@ -419,33 +433,19 @@ class SessionMiddleware:
         self.app = app
         self.layer = SessionLayer(signer=signer, routing=routing, owns=owns, excluded_paths=excluded_paths)
 
-    @classmethod
-    def from_layer(cls, app: ASGIApp, layer: SessionLayer) -> SessionMiddleware:
-        """A middleware running an existing :class:`SessionLayer` (same signer, routing and owner check)."""
-        middleware = cls.__new__(cls)
-        middleware.app = app
-        middleware.layer = layer
-        return middleware
-
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         layer = self.layer
-        if scope["type"] not in ("http", "websocket") or scope["path"] in layer.excluded_paths:
+        kind = scope["type"]
+        if (kind != "http" and kind != "websocket") or scope["path"] in layer.excluded_paths:
             await self.app(scope, receive, send)
             return
         session = layer.open(scope)
         if session is None:
             session, receive = await layer.open_reading_body(scope, receive)
         try:
-            await self.app(scope, receive, self._sending(send, session) if scope["type"] == "http" else send)
+            if kind == "http":
+                exchange, send = Exchange.join(scope, send)
+                session.reply_through(exchange)
+            await self.app(scope, receive, send)
         finally:
-            layer.close(session)
-
-    def _sending(self, send: Send, session: RequestSession) -> Send:
-        layer = self.layer
-
-        async def session_send(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message = layer.reply_start(message, session)
-            await send(message)
-
-        return session_send
+            session.end()

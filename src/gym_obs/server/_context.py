@@ -1,19 +1,10 @@
-"""Pure ASGI middlewares of a gym server (never BaseHTTPMiddleware: no extra task, no body buffering).
+"""Path and rollout context: the outermost gym layer of a request, and the one outside the SERVER span.
 
-Order, outermost first, as ``SimpleServer.build_app`` assembles it::
-
-    PathContextMiddleware       /ng-trace and /ng-rollout segments, rollout context  (outside the span)
-      FastAPI + contrib instrumentation: the one SERVER span
-        FailureReplyMiddleware  failure log, X-NG-Failure-Report, exception -> failure reply,
-                                (DisconnectCancelMiddleware fused in) caller gone -> handler cancelled, and
-                                (SessionLayer fused in) the caller's session
-          the server's own middlewares and routes
-
-The path middleware must run before the instrumentation extracts the trace context (it turns the
-``/ng-trace/<traceparent>`` segment into a header) and before routing (the span gets the route template,
-not a path with ids). The failure middleware runs inside the span so events carry its ids. Between the two,
-the instrumentation sees the request without its query string (see ``_instrumentation``): the path
-middleware hides it, the failure middleware gives it back to the handlers.
+It must run before the span's instrumentation extracts the trace context (it turns the
+``/ng-trace/<traceparent>`` segment into a header) and before routing (the span gets the route template, not
+a path with ids). It also creates the request's :class:`~gym_obs.server._exchange.Exchange`, the one object
+the layers inside share, and hides the query string from the SERVER-span instrumentation (see
+``_instrumentation``; the failure-reply layer gives it back to the handlers).
 """
 
 from __future__ import annotations
@@ -26,20 +17,14 @@ from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gym_obs.server._disconnect import DisconnectCancelMiddleware
-from gym_obs.server._failure_reply import FailureReplyMiddleware, boundary_for_server_type
+from gym_obs.server._exchange import EXCHANGE_SCOPE_KEY, Exchange
 from gym_obs.server._instrumentation import hide_from_instrumentation
 from gym_obs.server._native_telemetry import NATIVE_TELEMETRY_SCOPE_KEY
 from gym_obs.telemetry import inflight, names
 from gym_obs.telemetry._state import STATE
 from gym_obs.telemetry.propagation import parse_path_segments, rollout_context
 
-__all__ = [
-    "DisconnectCancelMiddleware",
-    "FailureReplyMiddleware",
-    "PathContextMiddleware",
-    "boundary_for_server_type",
-]
+__all__ = ["PathContextMiddleware"]
 
 _SEGMENT_MARK: Final = "/ng-"
 _TRACEPARENT: Final = names.TRACEPARENT_HEADER.encode("latin-1")
@@ -64,10 +49,11 @@ class PathContextMiddleware:
     A real ``traceparent`` header wins over the segment (a malformed one does not: the segment replaces it);
     the segment is stripped even when traces are off.
     The rollout id comes from the path prefix, else from the ``X-NG-Rollout-Id`` header. Also marks the
-    request as excluded from FastAPI's built-in telemetry (see ``_native_telemetry``).
+    request as excluded from FastAPI's built-in telemetry (see ``_native_telemetry``) and gives it the
+    exchange the layers inside share.
 
     ``hide_query``: with telemetry on, hide the query string (and a secret-looking User-Agent) from the
-    SERVER-span instrumentation inside; only for stacks where :class:`FailureReplyMiddleware` runs inside the
+    SERVER-span instrumentation inside; only for stacks where ``FailureReplyMiddleware`` runs inside the
     instrumentation and gives them back (``SimpleServer`` builds exactly that).
     """
 
@@ -81,6 +67,7 @@ class PathContextMiddleware:
             await self.app(scope, receive, send)
             return
         scope[NATIVE_TELEMETRY_SCOPE_KEY] = None
+        scope[EXCHANGE_SCOPE_KEY] = Exchange()
         rollout_id: str | None = None
         if _SEGMENT_MARK in scope["path"]:
             rollout_id = self._strip(scope)

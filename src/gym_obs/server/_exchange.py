@@ -1,0 +1,87 @@
+"""The one object a request's gym layers share: created once per request, kept in the ASGI scope.
+
+Each gym layer has one concern (see ``_stack``), but several need the same facts about the reply: whether it
+has started (a failure reply is possible only before), whether the caller is gone (then nothing more is
+sent), and a say in the reply's first message (the failure report header, a new session's token). Instead of
+every layer wrapping ``send`` to find out, the first layer that needs it binds the request's ``send`` once
+(:meth:`Exchange.bind`); the others register hooks on the ``http.response.start`` message. Hooks run
+innermost layer first, as if each layer had wrapped ``send`` itself.
+
+Cost per request: one small object and one ``send`` wrapper for all the layers together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, MutableMapping
+from typing import TYPE_CHECKING, Any, Final
+
+from starlette.types import Message, Send
+
+if TYPE_CHECKING:
+    from gym_obs.failures.report import FailureReport
+    from gym_obs.failures.transport import RequestFailureLog
+
+__all__ = ["EXCHANGE_SCOPE_KEY", "Exchange", "StartHook"]
+
+EXCHANGE_SCOPE_KEY: Final = "gym_obs.exchange"
+
+StartHook = Callable[["Exchange", Message], Message]
+"""Called with the request's exchange and its ``http.response.start`` message; returns the message to send."""
+
+
+class Exchange:
+    """One request and its reply, as the gym layers see it (each field is written by one layer)."""
+
+    __slots__ = ("_bound", "_hooks", "caller_gone", "failure_log", "final_report", "response_started")
+
+    def __init__(self) -> None:
+        self._bound = False
+        self._hooks: list[StartHook] | None = None
+        self.response_started = False
+        #: set by the disconnect layer when it cancelled the handler for a caller that went away
+        self.caller_gone = False
+        #: the failure layer's log of this request, and the report of the failure it replies with
+        self.failure_log: RequestFailureLog | None = None
+        self.final_report: FailureReport | None = None
+
+    @staticmethod
+    def join(scope: MutableMapping[str, Any], send: Send) -> tuple[Exchange, Send]:
+        """The request's exchange (created here when no outer gym layer did: a layer used on its own) and
+        the ``send`` to use (see :meth:`bind`): what a layer does first."""
+        exchange: Exchange | None = scope.get(EXCHANGE_SCOPE_KEY)
+        if exchange is None:
+            exchange = scope[EXCHANGE_SCOPE_KEY] = Exchange()
+        return exchange, exchange.bind(send)
+
+    def bind(self, send: Send) -> Send:
+        """The ``send`` for a layer to use: the first call wraps ``send`` (marks the reply started, drops
+        messages once the caller is gone, runs the hooks); later calls, from layers further in, get theirs
+        back unchanged (already behind it).
+
+        The wrapper keeps ``send`` in its closure, not on the exchange: ``send`` leads back to the scope
+        (ASGI servers and middlewares close over it), and the scope holds the exchange, so a reference
+        from here would make every request a reference cycle, left to the garbage collector.
+        """
+        if self._bound:
+            return send
+        self._bound = True
+
+        async def exchange_send(message: Message) -> None:
+            if self.caller_gone:
+                return  # the handler was cancelled for a caller that went away: nothing goes out after that
+            if message["type"] == "http.response.start":
+                self.response_started = True
+                hooks = self._hooks
+                if hooks is not None:
+                    for hook in reversed(hooks):
+                        message = hook(self, message)
+            await send(message)
+
+        return exchange_send
+
+    def on_start(self, hook: StartHook) -> None:
+        """Run ``hook`` on the reply's ``http.response.start`` message (register before the app runs)."""
+        if self._hooks is None:
+            self._hooks = [hook]
+        else:
+            self._hooks.append(hook)

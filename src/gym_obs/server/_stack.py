@@ -1,0 +1,74 @@
+"""The layers of a gym server, in the order a request passes them: declared here, built from this order.
+
+Outermost first (``LAYER_ORDER``); why each sits where it does:
+
+- ``control``        gym's own control routes (``/_gym/inflight``): answered before anything else, from any
+                     worker, with no span, no session, no failure log
+- ``owner_routing``  under several workers, forwards a session's request to the worker owning it; outside
+                     all telemetry, so a forwarded request has its one SERVER span at the owner
+- ``context``        strips ``/ng-trace``/``/ng-rollout``, sets the rollout context, creates the request's
+                     exchange (``_exchange``); before the span, which extracts the trace context from the
+                     header this layer writes and names itself after the route without ids
+- ``span``           the one SERVER span (the contrib FastAPI instrumentation today)
+- ``sessions``       inside the span (the session id goes on it), outside the failure reply (the session is
+                     current while a failure is logged, and a failure reply hands back a new token)
+- ``failure_reply``  failure log, ``X-NG-Failure-Report``, exception -> failure reply; inside the span so
+                     events carry its ids
+- ``disconnect``     caller gone before the reply -> handler cancelled; inside the failure reply, which then
+                     sends nothing
+- ``model_calls``    GenAI metrics off the reply of a model server; inside the failure reply, so it sees
+                     the handler's exceptions
+
+Layers from ``span`` inwards are FastAPI middlewares of the app (the contrib instrumentation wraps the
+app's middleware stack); the ones before it wrap the app from outside.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+from fastapi import FastAPI
+from starlette.types import ASGIApp
+
+__all__ = ["LAYER_ORDER", "Install", "build_stack", "fastapi_middleware"]
+
+LAYER_ORDER: Final = (
+    "control",
+    "owner_routing",
+    "context",
+    "span",
+    "sessions",
+    "failure_reply",
+    "disconnect",
+    "model_calls",
+)
+
+Install = Callable[[ASGIApp], ASGIApp]
+"""Puts one layer around (or into) the app built so far and returns the result."""
+
+
+def fastapi_middleware(middleware: type, **options: Any) -> Install:
+    """An :data:`Install` adding ``middleware`` as the outermost of the FastAPI app's own middlewares."""
+
+    def install(app: ASGIApp) -> ASGIApp:
+        if not isinstance(app, FastAPI):
+            raise TypeError(f"{middleware.__name__} goes inside the FastAPI app, not around {app!r}")
+        app.add_middleware(middleware, **options)  # type: ignore[arg-type]
+        return app
+
+    return install
+
+
+def build_stack(app: FastAPI, layers: Mapping[str, Install | None]) -> ASGIApp:
+    """``app`` with ``layers`` (by name; ``None`` or absent: not in this server) installed in
+    :data:`LAYER_ORDER`, innermost first."""
+    unknown = set(layers) - set(LAYER_ORDER)
+    if unknown:
+        raise ValueError(f"layers not in LAYER_ORDER: {sorted(unknown)}")
+    built: ASGIApp = app
+    for name in reversed(LAYER_ORDER):
+        install = layers.get(name)
+        if install is not None:
+            built = install(built)
+    return built
