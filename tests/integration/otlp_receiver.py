@@ -17,6 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -74,6 +78,7 @@ class OtlpReceiver:
         self.port = port
         self.endpoint = f"http://127.0.0.1:{port}"
         self._spans: list[ReceivedSpan] = []
+        self._metric_requests: list[ExportMetricsServiceRequest] = []
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -112,7 +117,7 @@ class OtlpReceiver:
     async def _start(self) -> None:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/traces", self._traces)
-        app.router.add_post("/v1/metrics", self._ignore)
+        app.router.add_post("/v1/metrics", self._metrics)
         app.router.add_post("/v1/logs", self._ignore)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
@@ -127,10 +132,21 @@ class OtlpReceiver:
     async def _ignore(self, _request: web.Request) -> web.Response:
         return web.Response(content_type="application/x-protobuf")
 
-    async def _traces(self, request: web.Request) -> web.Response:
+    @staticmethod
+    async def _read(request: web.Request) -> bytes:
         body = await request.read()
-        if request.headers.get("Content-Encoding") == "gzip":
-            body = gzip.decompress(body)
+        return gzip.decompress(body) if request.headers.get("Content-Encoding") == "gzip" else body
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        message = ExportMetricsServiceRequest.FromString(await self._read(request))
+        with self._lock:
+            self._metric_requests.append(message)
+        return web.Response(
+            body=ExportMetricsServiceResponse().SerializeToString(), content_type="application/x-protobuf"
+        )
+
+    async def _traces(self, request: web.Request) -> web.Response:
+        body = await self._read(request)
         message = ExportTraceServiceRequest.FromString(body)
         received: list[ReceivedSpan] = []
         for resource_spans in message.resource_spans:
@@ -157,6 +173,11 @@ class OtlpReceiver:
         )
 
     # -- queries ---------------------------------------------------------------------------------------------
+
+    def metric_requests(self) -> list[ExportMetricsServiceRequest]:
+        """Every metrics export request, in arrival order."""
+        with self._lock:
+            return list(self._metric_requests)
 
     def spans(self) -> list[ReceivedSpan]:
         with self._lock:
