@@ -33,7 +33,7 @@ from opentelemetry.sdk.metrics.view import DefaultAggregation, ExplicitBucketHis
 __all__ = ["FanOutMetricExporter", "fan_in"]
 
 _LOG: Final = logging.getLogger("gym_obs.telemetry")
-DEFAULT_QUEUE_SIZE: Final = 2
+DEFAULT_QUEUE_SIZE: Final = 4  # collections come every 10 s: a healthy exporter never has a backlog
 
 
 def _aggregation_key(kind: type, aggregation: Any) -> str | None:
