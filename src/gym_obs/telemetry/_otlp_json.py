@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import orjson
+from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.metrics.export import (
     ExponentialHistogram,
     Gauge,
@@ -28,6 +29,7 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanKind
 
@@ -126,27 +128,55 @@ def _span_attributes(span: ReadableSpan) -> Mapping[str, object] | None:
     return _plain(raw) if raw is not None else _plain(span.attributes)
 
 
-def _attributes(attributes: Mapping[str, object] | None) -> list[Json]:
+class _PairCache:
+    """Encoded ``KeyValue`` dicts of the string and integer attributes seen before (``http.request.method``
+    = ``POST``, ``server.port`` = 8000, ...): most of a batch repeats the same few pairs, and one dict
+    lookup is cheaper than building two dicts. orjson writes a shared dict as often as it is referenced.
+    Bounded: cleared when full (unique values -- ids, URLs -- churn through it)."""
+
+    __slots__ = ("_ints", "_max", "_strs")
+
+    def __init__(self, max_entries: int = 4096) -> None:
+        self._strs: dict[tuple[str, str], Json] = {}
+        self._ints: dict[tuple[str, int], Json] = {}
+        self._max = max_entries
+
+    def _store(self, cache: dict[Any, Json], pair: tuple[str, Any], encoded: Json) -> Json:
+        if len(cache) >= self._max:
+            cache.clear()
+        cache[pair] = item = {"key": pair[0], "value": encoded} if pair[0] else {"value": encoded}
+        return item
+
+    def encode(self, attributes: Mapping[str, object]) -> list[Json]:
+        out: list[Json] = []
+        strs, ints = self._strs, self._ints
+        for pair in attributes.items():
+            value = pair[1]
+            kind = type(value)  # _any_value's fast path inlined: this loop is most of a span's cost
+            if kind is str:
+                item = strs.get(pair)  # type: ignore[arg-type]
+                if item is None:
+                    item = self._store(strs, pair, {"stringValue": value})
+            elif kind is int and _I64_MIN <= value <= _I64_MAX:  # type: ignore[operator]
+                item = ints.get(pair)  # type: ignore[arg-type]
+                if item is None:
+                    item = self._store(ints, pair, {"intValue": str(value)})
+            else:
+                try:
+                    encoded = _any_value(value)
+                except _Unencodable:
+                    continue
+                item = {"key": pair[0], "value": encoded} if pair[0] else {"value": encoded}
+            out.append(item)
+        return out
+
+
+def _attributes(attributes: Mapping[str, object] | None, pairs: _PairCache | None = None) -> list[Json]:
     """``KeyValue`` list; an attribute the OTLP encoders would reject is skipped, as they skip it."""
-    out: list[Json] = []
     attributes = _plain(attributes)
     if not attributes:
-        return out
-    for key, value in attributes.items():
-        kind = type(value)  # _any_value's fast path inlined: this loop is most of a span's cost
-        if kind is str:
-            encoded: Json = {"stringValue": value}
-        elif kind is int and _I64_MIN <= value <= _I64_MAX:  # type: ignore[operator]
-            encoded = {"intValue": str(value)}
-        elif kind is bool:
-            encoded = {"boolValue": value}
-        else:
-            try:
-                encoded = _any_value(value)
-            except _Unencodable:
-                continue
-        out.append({"key": key, "value": encoded} if key else {"value": encoded})
-    return out
+        return []
+    return (pairs or _PairCache()).encode(attributes)
 
 
 def _resource(resource: Resource) -> Json:
@@ -182,7 +212,7 @@ def _status(span: ReadableSpan) -> Json:
     return out
 
 
-def _events(events: Sequence[Event]) -> list[Json]:
+def _events(events: Sequence[Event], pairs: _PairCache) -> list[Json]:
     out: list[Json] = []
     for event in events:
         item: Json = {}
@@ -190,7 +220,7 @@ def _events(events: Sequence[Event]) -> list[Json]:
             item["timeUnixNano"] = str(event.timestamp)
         if event.name:
             item["name"] = event.name
-        attributes = _attributes(event.attributes)
+        attributes = _attributes(event.attributes, pairs)
         if attributes:
             item["attributes"] = attributes
         if event.dropped_attributes:
@@ -199,12 +229,12 @@ def _events(events: Sequence[Event]) -> list[Json]:
     return out
 
 
-def _links(links: Sequence[Link]) -> list[Json]:
+def _links(links: Sequence[Link], pairs: _PairCache) -> list[Json]:
     out: list[Json] = []
     for link in links:
         context = link.context
         item: Json = {"traceId": format(context.trace_id, "032x"), "spanId": format(context.span_id, "016x")}
-        attributes = _attributes(link.attributes)
+        attributes = _attributes(link.attributes, pairs)
         if attributes:
             item["attributes"] = attributes
         if link.dropped_attributes:
@@ -214,7 +244,15 @@ def _links(links: Sequence[Link]) -> list[Json]:
     return out
 
 
-def _span(span: ReadableSpan) -> Json:
+def _bounded(raw: object, public: Sequence[Any], dropped: int) -> tuple[Sequence[Any], int]:
+    """A span's events or links and their dropped count, read from the SDK's ``BoundedList`` itself: the
+    public properties copy the list under a lock on every access."""
+    if isinstance(raw, BoundedList):
+        return raw._dq, raw.dropped
+    return public, dropped
+
+
+def _span(span: ReadableSpan, pairs: _PairCache) -> Json:
     context = span.context
     assert context is not None  # a finished SDK span always has one
     out: Json = {"traceId": format(context.trace_id, "032x"), "spanId": format(context.span_id, "016x")}
@@ -231,43 +269,50 @@ def _span(span: ReadableSpan) -> Json:
         out["startTimeUnixNano"] = str(span.start_time)
     if span.end_time:
         out["endTimeUnixNano"] = str(span.end_time)
-    attributes = _attributes(_span_attributes(span))
+    raw_attributes = getattr(span, "_attributes", None)
+    attributes = _attributes(_span_attributes(span), pairs)
     if attributes:
         out["attributes"] = attributes
-    if span.dropped_attributes:
-        out["droppedAttributesCount"] = span.dropped_attributes
-    events = span.events  # a property that copies: read once
+    dropped = raw_attributes.dropped if isinstance(raw_attributes, BoundedAttributes) else 0
+    if dropped:
+        out["droppedAttributesCount"] = dropped
+    raw = getattr(span, "_events", None)
+    events, dropped = _bounded(
+        raw, raw if isinstance(raw, tuple | list) else span.events, span.dropped_events
+    )
     if events:
-        out["events"] = _events(events)
-    if span.dropped_events:
-        out["droppedEventsCount"] = span.dropped_events
-    links = span.links
+        out["events"] = _events(events, pairs)
+    if dropped:
+        out["droppedEventsCount"] = dropped
+    raw = getattr(span, "_links", None)
+    links, dropped = _bounded(raw, raw if isinstance(raw, tuple | list) else span.links, span.dropped_links)
     if links:
-        out["links"] = _links(links)
-    if span.dropped_links:
-        out["droppedLinksCount"] = span.dropped_links
+        out["links"] = _links(links, pairs)
+    if dropped:
+        out["droppedLinksCount"] = dropped
     out["status"] = _status(span)
     out["flags"] = _FLAGS_REMOTE if parent is not None and parent.is_remote else _FLAGS_LOCAL
     return out
 
 
-def _group_by_resource(
-    spans: Sequence[ReadableSpan],
-) -> dict[Resource, dict[InstrumentationScope | None, list[Json]]]:
+_Groups = dict[Resource, dict[InstrumentationScope | None, list[Json]]]
+
+
+def _group_by_resource(spans: Sequence[ReadableSpan]) -> _Groups:
     """Resource -> scope -> encoded spans, in first-seen order. Grouped by identity first: hashing a
-    ``Resource`` serialises its attributes, so it is done once per distinct object, not once per span."""
-    by_id: dict[int, tuple[Resource, dict[InstrumentationScope | None, list[Json]]]] = {}
+    ``Resource`` serialises its attributes (and a scope's hash is Python code), so equal objects are
+    merged once per distinct object, not once per span."""
+    pairs = _PairCache()
+    by_id: dict[tuple[int, int], tuple[Resource, InstrumentationScope | None, list[Json]]] = {}
     for span in spans:
-        resource = span.resource
-        entry = by_id.get(id(resource))
+        resource, scope = span.resource, span.instrumentation_scope
+        entry = by_id.get((id(resource), id(scope)))
         if entry is None:
-            entry = by_id[id(resource)] = (resource, {})
-        entry[1].setdefault(span.instrumentation_scope, []).append(_span(span))
-    merged: dict[Resource, dict[InstrumentationScope | None, list[Json]]] = {}
-    for resource, scopes in by_id.values():
-        target = merged.setdefault(resource, {})
-        for scope, encoded in scopes.items():
-            target.setdefault(scope, []).extend(encoded)
+            entry = by_id[(id(resource), id(scope))] = (resource, scope, [])
+        entry[2].append(_span(span, pairs))
+    merged: _Groups = {}
+    for resource, scope, encoded in by_id.values():
+        merged.setdefault(resource, {}).setdefault(scope, []).extend(encoded)
     return merged
 
 
