@@ -248,7 +248,9 @@ def _bounded(raw: object, public: Sequence[Any], dropped: int) -> tuple[Sequence
     """A span's events or links and their dropped count, read from the SDK's ``BoundedList`` itself: the
     public properties copy the list under a lock on every access."""
     if isinstance(raw, BoundedList):
-        return raw._dq, raw.dropped
+        items = getattr(raw, "_dq", None)  # its deque; absent in another SDK version: the public copy
+        if items is not None:
+            return items, raw.dropped
     return public, dropped
 
 
