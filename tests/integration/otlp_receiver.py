@@ -21,6 +21,10 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
     ExportLogsServiceRequest,
     ExportLogsServiceResponse,
 )
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -91,6 +95,7 @@ class OtlpReceiver:
         self.endpoint = f"http://127.0.0.1:{port}"
         self._spans: list[ReceivedSpan] = []
         self._logs: list[ReceivedLog] = []
+        self._metric_requests: list[ExportMetricsServiceRequest] = []
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -129,8 +134,8 @@ class OtlpReceiver:
     async def _start(self) -> None:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/traces", self._traces)
-        app.router.add_post("/v1/metrics", self._ignore)
         app.router.add_post("/v1/logs", self._logs_export)
+        app.router.add_post("/v1/metrics", self._metrics)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True).start()
@@ -141,13 +146,21 @@ class OtlpReceiver:
 
     # -- handlers --------------------------------------------------------------------------------------------
 
-    async def _ignore(self, _request: web.Request) -> web.Response:
-        return web.Response(content_type="application/x-protobuf")
+    @staticmethod
+    async def _read(request: web.Request) -> bytes:
+        body = await request.read()
+        return gzip.decompress(body) if request.headers.get("Content-Encoding") == "gzip" else body
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        message = ExportMetricsServiceRequest.FromString(await self._read(request))
+        with self._lock:
+            self._metric_requests.append(message)
+        return web.Response(
+            body=ExportMetricsServiceResponse().SerializeToString(), content_type="application/x-protobuf"
+        )
 
     async def _traces(self, request: web.Request) -> web.Response:
-        body = await request.read()
-        if request.headers.get("Content-Encoding") == "gzip":
-            body = gzip.decompress(body)
+        body = await self._read(request)
         message = ExportTraceServiceRequest.FromString(body)
         received: list[ReceivedSpan] = []
         for resource_spans in message.resource_spans:
@@ -174,10 +187,7 @@ class OtlpReceiver:
         )
 
     async def _logs_export(self, request: web.Request) -> web.Response:
-        body = await request.read()
-        if request.headers.get("Content-Encoding") == "gzip":
-            body = gzip.decompress(body)
-        message = ExportLogsServiceRequest.FromString(body)
+        message = ExportLogsServiceRequest.FromString(await self._read(request))
         received: list[ReceivedLog] = []
         for resource_logs in message.resource_logs:
             resource = _attributes(resource_logs.resource.attributes)
@@ -202,6 +212,11 @@ class OtlpReceiver:
         )
 
     # -- queries ---------------------------------------------------------------------------------------------
+
+    def metric_requests(self) -> list[ExportMetricsServiceRequest]:
+        """Every metrics export request, in arrival order."""
+        with self._lock:
+            return list(self._metric_requests)
 
     def spans(self) -> list[ReceivedSpan]:
         with self._lock:

@@ -52,6 +52,10 @@ class RawOtlpReceiver(OtlpReceiver):
         self._keep(request.path, await self._body(request))
         return await super()._ignore(request)
 
+    async def _metrics(self, request: web.Request) -> web.Response:
+        self._keep(request.path, await self._body(request))
+        return await super()._metrics(request)
+
     def bodies(self) -> list[tuple[str, bytes]]:
         with self._lock:
             return list(self.raw)

@@ -31,6 +31,7 @@ from opentelemetry.metrics import CallbackOptions, Histogram, Meter, Observation
 
 from gym_obs.telemetry import names
 from gym_obs.telemetry._state import STATE
+from gym_obs.telemetry.metrics import AttributeCache
 from gym_obs.telemetry.settings import ENV_FALSE, ENV_TRUE
 
 __all__ = ["process_gauges_requested", "start_process_gauges", "stop_process_gauges"]
@@ -43,6 +44,11 @@ _GPU_TIMEOUT_S: Final = 5.0
 _GPU_REFRESH_S: Final = 10.0
 _MAX_GPUS: Final = 64
 _GPU_LINE: Final = re.compile(r"\s*(\d{1,3})\s*,\s*([^,]*?)\s*,\s*([^,]*?)\s*")
+# Attribute dicts built once, not on every collection.
+_MEMORY_ATTRS: Final = AttributeCache(names.ATTR_MEMORY_TYPE)
+_CPU_USER: Final = {names.ATTR_CPU_MODE: names.CPU_MODE_USER}
+_CPU_SYSTEM: Final = {names.ATTR_CPU_MODE: names.CPU_MODE_SYSTEM}
+_GPU_ATTRS: Final = AttributeCache(names.ATTR_HW_ID, max_entries=_MAX_GPUS)
 
 
 # --- samplers (pure reads of /proc; each returns None where the platform does not provide it) ----------
@@ -247,7 +253,7 @@ class _ProcessGauges:
         points = []
         for kind, value in ((names.MEMORY_TYPE_RSS, _rss_bytes()), (names.MEMORY_TYPE_PSS, _pss_bytes())):
             if value is not None:
-                points.append(Observation(value, {names.ATTR_MEMORY_TYPE: kind}))
+                points.append(Observation(value, _MEMORY_ATTRS.get(kind)))
         return points
 
     def _cpu_utilization(self, _options: CallbackOptions) -> Iterable[Observation]:
@@ -256,8 +262,8 @@ class _ProcessGauges:
             return []
         user, system = sample
         return [
-            Observation(user, {names.ATTR_CPU_MODE: names.CPU_MODE_USER}),
-            Observation(system, {names.ATTR_CPU_MODE: names.CPU_MODE_SYSTEM}),
+            Observation(user, _CPU_USER),
+            Observation(system, _CPU_SYSTEM),
         ]
 
     def _fds(self, _options: CallbackOptions) -> Iterable[Observation]:
@@ -269,11 +275,11 @@ class _ProcessGauges:
 
     def _gpu_utilization(self, _options: CallbackOptions) -> Iterable[Observation]:
         samples = self.gpu.samples() if self.gpu else []
-        return [Observation(util, {names.ATTR_HW_ID: hw}) for hw, util, _ in samples if util is not None]
+        return [Observation(util, _GPU_ATTRS.get(hw)) for hw, util, _ in samples if util is not None]
 
     def _gpu_memory(self, _options: CallbackOptions) -> Iterable[Observation]:
         samples = self.gpu.samples() if self.gpu else []
-        return [Observation(used, {names.ATTR_HW_ID: hw}) for hw, _, used in samples if used is not None]
+        return [Observation(used, _GPU_ATTRS.get(hw)) for hw, _, used in samples if used is not None]
 
 
 class _LagSampler:

@@ -55,12 +55,14 @@ from opentelemetry.sdk.version import __version__ as sdk_version
 
 from gym_obs._version import __version__
 from gym_obs.telemetry import _override, names
+from gym_obs.telemetry._exemplars import exemplar_filter
 from gym_obs.telemetry._exporters import (
     LOGGER,
     build_metric_exporters,
     build_span_exporters,
     quiet_sdk_loggers,
 )
+from gym_obs.telemetry._fanout import fan_in
 from gym_obs.telemetry._sdk_env import SDK_ENV_PROBLEMS
 from gym_obs.telemetry._state import STATE
 from gym_obs.telemetry.metrics import instruments_for
@@ -269,7 +271,9 @@ def _setup(server_name: str, server_type: str | None, config: TelemetryConfig) -
         problems.append(f"cannot set up tracing ({_first_line(exc)}); traces are off")
         tp, owns_tp = None, False
     try:
-        mp, owns_mp = _meter_provider(settings, resource, timeout_s, problems, stoppers)
+        mp, owns_mp = _meter_provider(
+            settings, resource, timeout_s, problems, stoppers, tracing=tp is not None
+        )
     except Exception as exc:
         problems.append(f"cannot set up metrics ({_first_line(exc)}); metrics are off")
         mp, owns_mp = None, False
@@ -423,34 +427,43 @@ def _meter_provider(
     timeout_s: float,
     problems: list[str],
     stoppers: list[Callable[[], None]],
+    *,
+    tracing: bool = True,
 ) -> tuple[MeterProvider | None, bool]:
+    """One periodic reader for all push exporters (``fan_in``: every point is aggregated once), plus the
+    Prometheus pull reader when chosen."""
     current = otel_metrics.get_meter_provider()
     if isinstance(current, MeterProvider) and _reusable(current):
         LOGGER.info("reusing the application's meter provider")
         return current, False
-    readers: list[MetricReader] = []
-    for _, exporter in build_metric_exporters(
+    built = build_metric_exporters(
         settings.metrics_exporters,
         settings.otlp_metrics,
         timeout_s,
         problems,
         file_dir=settings.file_export_dir,
         service_label=str(resource.attributes.get(names.SERVICE_NAME, "gym")),
-    ):
-        readers.append(
-            PeriodicExportingMetricReader(
-                exporter,
-                export_interval_millis=settings.metric_export_interval_ms,
-                export_timeout_millis=settings.export_timeout_ms,
-            )
+    )
+    readers: list[MetricReader] = [
+        PeriodicExportingMetricReader(
+            exporter,
+            export_interval_millis=settings.metric_export_interval_ms,
+            export_timeout_millis=settings.export_timeout_ms,
         )
+        for exporter in fan_in([exporter for _, exporter in built])
+    ]
     if "prometheus" in settings.metrics_exporters:
         reader = _prometheus_reader(settings, problems, stoppers)
         if reader is not None:
             readers.append(reader)
     if not readers:
         return None, False
-    mp = MeterProvider(metric_readers=readers, resource=resource, shutdown_on_exit=False)
+    mp = MeterProvider(
+        metric_readers=readers,
+        resource=resource,
+        shutdown_on_exit=False,
+        exemplar_filter=exemplar_filter(tracing, os.environ),
+    )
     _own_provider_ids.add(id(mp))
     if type(current).__name__ == "_ProxyMeterProvider":
         otel_metrics.set_meter_provider(mp)
