@@ -189,7 +189,9 @@ class ProcessTreeGauges:
         if not roots:
             return {}
         parents = _procfs.parent_pids()
-        gpu = dict(self.gpu.samples()) if self.gpu is not None else {}
+        gpu: dict[int, int] = defaultdict(int)  # a process on several GPUs has one line per GPU
+        for pid, used in self.gpu.samples() if self.gpu is not None else ():
+            gpu[pid] += used
         totals: dict[_Key, _Totals] = {}
         seen: set[int] = set()
         capacity = _procfs.cpu_count()
