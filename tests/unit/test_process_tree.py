@@ -27,14 +27,17 @@ from gym_obs.telemetry import names, process_tree
 from gym_obs.telemetry.process_tree import ProcessTreeGauges, TreeRoot, start_process_tree_gauges
 from gym_obs.telemetry.testing import Capture
 
-# A "server" with two direct children (its workers), one of which has a child of its own (a subprocess).
+# A "server" with two workers (argv as multiprocessing spawns them), one with a subprocess of its own, and a
+# helper process that is a direct child but not a worker.
 _TREE = textwrap.dedent(
     """
     import subprocess, sys, time
-    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    worker = [sys.executable, "-c", "import time; time.sleep(60)", "--multiprocessing-fork"]
     nested = [sys.executable, "-c", "import subprocess, sys, time; "
-              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"]
-    kids = [subprocess.Popen(sleeper), subprocess.Popen(nested)]
+              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)",
+              "--multiprocessing-fork"]
+    helper = [sys.executable, "-c", "import time; time.sleep(60)"]  # like multiprocessing's resource tracker
+    kids = [subprocess.Popen(worker), subprocess.Popen(nested), subprocess.Popen(helper)]
     print("up", flush=True)
     time.sleep(60)
     """
@@ -54,9 +57,9 @@ def tree() -> Iterator[subprocess.Popen[bytes]]:
     try:
         assert proc.stdout is not None and proc.stdout.readline() == b"up\n"
         deadline = time.monotonic() + 20
-        while len(_descendants(proc.pid)) < 3 and time.monotonic() < deadline:  # 2 workers + 1 nested
+        while len(_descendants(proc.pid)) < 4 and time.monotonic() < deadline:  # 2 workers, nested, helper
             time.sleep(0.05)
-        assert len(_descendants(proc.pid)) == 3
+        assert len(_descendants(proc.pid)) == 4
         yield proc
     finally:
         os.killpg(proc.pid, 9)
@@ -99,13 +102,13 @@ def test_a_real_tree_is_summed_by_server_and_role(tree: subprocess.Popen[bytes])
         assert _by_role(samples, dashboards.TREE_PROCESSES) == {
             names.PROCESS_ROLE_MAIN: 1,
             names.PROCESS_ROLE_WORKER: 2,
-            names.PROCESS_ROLE_CHILD: 1,
+            names.PROCESS_ROLE_CHILD: 2,  # the worker's subprocess and the helper
         }
         mem_type = prometheus_label(names.ATTR_MEMORY_TYPE)
         rss = _by_role(samples, dashboards.TREE_MEMORY_USAGE, **{mem_type: names.MEMORY_TYPE_RSS})
         pss = _by_role(samples, dashboards.TREE_MEMORY_USAGE, **{mem_type: names.MEMORY_TYPE_PSS})
         assert all(4 * 2**20 < value < 2**31 for value in rss.values()), rss  # a Python process: MBs, not GBs
-        assert rss[names.PROCESS_ROLE_WORKER] > rss[names.PROCESS_ROLE_CHILD]  # two processes vs one
+        assert rss[names.PROCESS_ROLE_WORKER] > rss[names.PROCESS_ROLE_MAIN]  # two processes vs one
         assert all(0 < pss[role] <= rss[role] for role in rss), (pss, rss)
         threads = _by_role(samples, dashboards.TREE_THREADS)
         assert threads[names.PROCESS_ROLE_WORKER] >= 2 and threads[names.PROCESS_ROLE_MAIN] >= 1
@@ -159,6 +162,7 @@ def test_gpu_memory_per_tree_from_nvidia_smi(
     tree: subprocess.Popen[bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     worker = min(child for child, parent in process_tree._procfs.parent_pids().items() if parent == tree.pid)
+    assert "--multiprocessing-fork" in (process_tree._procfs.command_line(f"/proc/{worker}") or ())
     lines = f"{tree.pid}, 100\\n{worker}, 50\\n{worker}, 25\\n999999999, 7\\n"
     bindir = _stand_in(tmp_path, f"printf '{lines}'\n")
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")

@@ -17,6 +17,7 @@ from typing import Final, Generic, TypeVar
 
 __all__ = [
     "CachedCommand",
+    "command_line",
     "cpu_count",
     "cpu_seconds",
     "fd_count",
@@ -69,6 +70,16 @@ def thread_count(proc: str) -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+def command_line(proc: str) -> list[str] | None:
+    """The process's argv (empty for a kernel thread or a zombie)."""
+    try:
+        with open(f"{proc}/cmdline", "rb") as f:
+            raw = f.read(64 * 1024)
+    except OSError:
+        return None
+    return [part.decode("utf-8", "replace") for part in raw.split(b"\0") if part]
 
 
 def _stat_fields(proc: str) -> list[str] | None:

@@ -3,9 +3,11 @@
 A server's own gauges (:mod:`gym_obs.telemetry.resources`) see one process; a multi-worker server or an
 agent that runs tools as subprocesses is a tree, and only the launcher, which started its root, sees all of
 it. Points are summed per (``gym.server.name``, ``gym.process.role``): the role is ``main`` for the process
-the launcher spawned, ``worker`` for a direct child of a multi-worker server, ``child`` for anything else
-below. Pids are never labels (a restarted worker would be a new series forever); the
-``gym.server.process_tree.processes`` gauge says how many processes each point sums.
+the launcher spawned, ``worker`` for a direct child of a multi-worker server started the way uvicorn starts
+its workers (``multiprocessing`` spawn: ``--multiprocessing-fork`` in its argv), ``child`` for anything else
+below (subprocess agents, tools, multiprocessing's resource tracker). Pids are never labels (a restarted
+worker would be a new series forever); the ``gym.server.process_tree.processes`` gauge says how many
+processes each point sums.
 
 Sampling happens in the metric reader's export thread, never on a request path: one pass over ``/proc``
 per collection (cached for ``_SNAPSHOT_S``, so the six instruments share it). GPU memory per tree comes
@@ -40,6 +42,7 @@ _APPS_LINE: Final = re.compile(r"\s*(\d{1,10})\s*,\s*([0-9.]+)\s*")
 _MAX_APPS: Final = 1024
 _GPU_REFRESH_S: Final = 10.0
 _GPU_TIMEOUT_S: Final = 5.0
+_SPAWNED_WORKER_ARG: Final = "--multiprocessing-fork"  # argv of a multiprocessing (uvicorn) spawn worker
 
 _Key = tuple[str, str]  # (gym.server.name, gym.process.role)
 
@@ -93,10 +96,14 @@ def _tree(root: TreeRoot, parents: dict[int, int]) -> list[tuple[int, str]]:
     queue = [(child, 1) for child in children.get(root.pid, ())]
     while queue and len(found) < _MAX_TREE:
         pid, depth = queue.pop(0)
-        worker = depth == 1 and root.workers
+        worker = depth == 1 and root.workers and _is_spawned_worker(pid)
         found.append((pid, names.PROCESS_ROLE_WORKER if worker else names.PROCESS_ROLE_CHILD))
         queue.extend((child, depth + 1) for child in children.get(pid, ()))
     return found
+
+
+def _is_spawned_worker(pid: int) -> bool:
+    return _SPAWNED_WORKER_ARG in (_procfs.command_line(f"/proc/{pid}") or ())
 
 
 class ProcessTreeGauges:
