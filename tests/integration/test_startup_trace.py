@@ -186,9 +186,13 @@ def test_a_launched_fleet_is_one_startup_trace_with_every_process_in_it(
         parent = by_id[span.parent_span_id or ""]
         assert parent.name == names.SPAN_STARTUP_SERVER
         assert span.service_name == f"gym/{parent.attributes[names.ATTR_SERVER_NAME]}"  # its own process
-        assert parent.start_ns <= span.start_ns and span.end_ns <= parent.end_ns  # ready before the probe
+        assert parent.start_ns <= span.start_ns
         joined[parent.attributes[names.ATTR_SERVER_NAME]].append(span)
     assert {name: len(spans) for name, spans in joined.items()} == {"model": 2, "resources": 1}  # 2 workers
+    # A server is ready at its first healthy probe: after its process served (the first of its workers;
+    # a second worker may come up later, and its own span says when).
+    for name, spans in joined.items():
+        assert min(span.end_ns for span in spans) <= servers[name].end_ns, name
     worker_ids = {span.resource[names.SERVICE_INSTANCE_ID] for span in joined["model"]}
     assert len(worker_ids) == 2
     for span in processes:
