@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from gym_obs import _dashboard_panels as p
+from gym_obs._dashboard_processes import processes
 from gym_obs.dashboards import (
     CLIENT_REQUEST_DURATION,
     CLIENT_RETRIES,
@@ -269,6 +270,7 @@ DASHBOARDS: Final[dict[str, Callable[[], dict[str, Any]]]] = {
     "gym-http-client.json": http_client,
     "gym-servers.json": servers,
     "gym-failures.json": failures,
+    "gym-processes.json": processes,
 }
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gym_obs import _dashboard_defs, _dashboard_panels, dashboards
+from gym_obs import _dashboard_defs, _dashboard_panels, _dashboard_processes, dashboards
 from gym_obs.cli import main
 from gym_obs.dashboards import GYM_METRICS, JOB_LABEL, PROMETHEUS_DATASOURCE_UID, prometheus_label
 from gym_obs.telemetry import names
@@ -59,6 +59,7 @@ def test_the_four_dashboards_exist_with_stable_uids() -> None:
         "gym-http-client": "gym / HTTP client and pools",
         "gym-servers": "gym / Servers",
         "gym-failures": "gym / Failures",
+        "gym-processes": "gym / Processes",
     }
     for name, model in _BUILT.items():
         assert name == model["uid"] + ".json"
@@ -120,7 +121,7 @@ def test_every_metric_and_label_comes_from_the_names_registry() -> None:
 def test_dashboard_sources_spell_no_metric_name() -> None:
     """Names come from telemetry.names through the mapping, never as string literals."""
     literals = {spec.name for spec in GYM_METRICS} | {spec.prometheus for spec in GYM_METRICS}
-    for module in (_dashboard_defs, _dashboard_panels):
+    for module in (_dashboard_defs, _dashboard_panels, _dashboard_processes):
         source = Path(str(module.__file__)).read_text()
         assert not {literal for literal in literals if literal in source}, module.__name__
 
