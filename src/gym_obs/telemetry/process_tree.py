@@ -22,7 +22,7 @@ import re
 import shutil
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
@@ -85,17 +85,21 @@ def _parse_compute_apps(text: str) -> list[tuple[int, int]]:
     return apps
 
 
-def _tree(root: TreeRoot, parents: dict[int, int]) -> list[tuple[int, str]]:
-    """``(pid, role)`` of the root and every descendant (breadth first, bounded)."""
-    if root.pid not in parents:
-        return []
+def _children(parents: dict[int, int]) -> dict[int, list[int]]:
     children: dict[int, list[int]] = defaultdict(list)
     for pid, ppid in parents.items():
         children[ppid].append(pid)
+    return children
+
+
+def _tree(root: TreeRoot, parents: dict[int, int], children: dict[int, list[int]]) -> list[tuple[int, str]]:
+    """``(pid, role)`` of the root and every descendant (breadth first, bounded)."""
+    if root.pid not in parents:
+        return []
     found = [(root.pid, names.PROCESS_ROLE_MAIN)]
-    queue = [(child, 1) for child in children.get(root.pid, ())]
+    queue = deque((child, 1) for child in children.get(root.pid, ()))
     while queue and len(found) < _MAX_TREE:
-        pid, depth = queue.pop(0)
+        pid, depth = queue.popleft()
         worker = depth == 1 and root.workers and _is_spawned_worker(pid)
         found.append((pid, names.PROCESS_ROLE_WORKER if worker else names.PROCESS_ROLE_CHILD))
         queue.extend((child, depth + 1) for child in children.get(pid, ()))
@@ -196,6 +200,7 @@ class ProcessTreeGauges:
         if not roots:
             return {}
         parents = _procfs.parent_pids()
+        children = _children(parents)
         gpu: dict[int, int] = defaultdict(int)  # a process on several GPUs has one line per GPU
         for pid, used in self.gpu.samples() if self.gpu is not None else ():
             gpu[pid] += used
@@ -203,7 +208,7 @@ class ProcessTreeGauges:
         seen: set[int] = set()
         capacity = _procfs.cpu_count()
         for root in roots:
-            for pid, role in _tree(root, parents):
+            for pid, role in _tree(root, parents, children):
                 if pid in seen:
                     continue
                 seen.add(pid)
