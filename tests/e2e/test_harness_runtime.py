@@ -139,11 +139,28 @@ def test_hangs_are_bounded_failure_rows(tmp_path: Path) -> None:
         assert row["_ng_failure_id"] in row["_ng_failure_events"] and row["trace_id"]
     summary = json.loads((out / "latest" / "summary.json").read_text())
     assert summary["retries"]["by_reason"].get(names.RETRY_REASON_TIMEOUT, 0) > 0
-    # Every model call hangs, so no request reaches the resources server: it writes no span (the harness's
-    # own /_gym/faults calls make no SERVER span there), only its process gauges (on in the harness).
+    # Every model call hangs, so no request reaches the resources server: the only spans it writes are its
+    # part of the startup trace (issue 16.2: one gym.startup.process span and its stages, which join the
+    # driver's gym.startup trace); no SERVER span (the harness's own /_gym/faults calls make none there).
     telemetry = out / "latest" / "telemetry"
     _check_telemetry_files(telemetry, {"gym_harness", "gym_agent_0", "gym_model_0", "gym_resources_0"})
-    assert not list(telemetry.glob("gym_resources_0*.traces.jsonl"))
+    resources_spans = _span_names(telemetry.glob("gym_resources_0*.traces.jsonl"))
+    assert sorted(resources_spans) == sorted(
+        [names.SPAN_STARTUP_PROCESS]
+        + [names.SPAN_STARTUP_STAGE_PREFIX + stage for stage in names.STARTUP_PROCESS_STAGES]
+    )
+    driver_spans = _span_names(telemetry.glob("gym_harness*.traces.jsonl"))
+    assert driver_spans.count(names.SPAN_STARTUP) == 1
+
+
+def _span_names(paths: Any) -> list[str]:
+    found = []
+    for path in paths:
+        for line in path.read_text().splitlines():
+            for resource in json.loads(line)["resourceSpans"]:
+                for scope in resource["scopeSpans"]:
+                    found.extend(span["name"] for span in scope["spans"])
+    return found
 
 
 def _check_telemetry_files(directory: Path, processes: set[str]) -> None:

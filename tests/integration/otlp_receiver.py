@@ -73,6 +73,10 @@ class ReceivedSpan:
     attributes: dict[str, Any]
     resource: dict[str, Any]
     events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    status_code: int = 0  # 0 unset, 1 ok, 2 error (OTLP Status.StatusCode)
+    status_message: str = ""
+    start_ns: int = 0
+    end_ns: int = 0
 
 
 @dataclass
@@ -178,6 +182,10 @@ class OtlpReceiver:
                             attributes=_attributes(span.attributes),
                             resource=resource,
                             events=[(event.name, _attributes(event.attributes)) for event in span.events],
+                            status_code=span.status.code,
+                            status_message=span.status.message,
+                            start_ns=span.start_time_unix_nano,
+                            end_ns=span.end_time_unix_nano,
                         )
                     )
         with self._lock:

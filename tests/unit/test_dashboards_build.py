@@ -59,6 +59,7 @@ def test_the_four_dashboards_exist_with_stable_uids() -> None:
         "gym-http-client": "gym / HTTP client and pools",
         "gym-servers": "gym / Servers",
         "gym-failures": "gym / Failures",
+        "gym-processes": "gym / Processes",
     }
     for name, model in _BUILT.items():
         assert name == model["uid"] + ".json"
@@ -121,7 +122,7 @@ def test_dashboard_sources_spell_no_metric_name() -> None:
     """Names come from telemetry.names through the mapping, never as string literals (in any module)."""
     literals = {spec.name for spec in GYM_METRICS} | {spec.prometheus for spec in GYM_METRICS}
     sources = sorted(Path(str(dashboards.__file__)).parent.glob("*.py"))
-    assert {"_boards.py", "_panels.py"} <= {path.name for path in sources}
+    assert {"_boards.py", "_panels.py", "_processes.py"} <= {path.name for path in sources}
     for path in sources:
         source = path.read_text()
         assert not {literal for literal in literals if literal in source}, path.name

@@ -141,5 +141,7 @@ def test_instruments_export_the_names_the_dashboards_query() -> None:
             continue  # may be an observable gauge whose callback has no pools to report here
         if spec.name.startswith(("gym.concurrency.", "process.", "gym.process.", "hw.gpu.")):
             continue  # TimedSemaphore and process gauges: tests/unit/test_resources_prometheus.py
+        if spec.name.startswith(("gym.server.startup.", "gym.server.process_tree.")):
+            continue  # the launcher's startup histogram and tree gauges: tests/unit/test_process_tree.py
         for suffix in _SUFFIXES[spec.kind]:
             assert spec.series(suffix) in exported, spec

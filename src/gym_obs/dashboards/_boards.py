@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from gym_obs.dashboards import _panels as p
+from gym_obs.dashboards._processes import processes
 from gym_obs.dashboards.metrics import (
     CLIENT_REQUEST_DURATION,
     CLIENT_RETRIES,
@@ -270,6 +271,7 @@ DASHBOARDS: Final[dict[str, Callable[[], dict[str, Any]]]] = {
     "gym-http-client.json": http_client,
     "gym-servers.json": servers,
     "gym-failures.json": failures,
+    "gym-processes.json": processes,
 }
 
 

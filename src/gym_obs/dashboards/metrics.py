@@ -38,6 +38,13 @@ __all__ = [
     "ROLLOUTS",
     "ROLLOUT_DURATION",
     "SERVER_REQUEST_DURATION",
+    "SERVER_STARTUP_DURATION",
+    "TREE_CPU_UTILIZATION",
+    "TREE_FILE_DESCRIPTORS",
+    "TREE_GPU_MEMORY_USAGE",
+    "TREE_MEMORY_USAGE",
+    "TREE_PROCESSES",
+    "TREE_THREADS",
     "MetricSpec",
 ]
 
@@ -105,6 +112,20 @@ PROCESS_THREADS: Final = MetricSpec(names.METRIC_PROCESS_THREADS, names.UNIT_THR
 EVENT_LOOP_LAG: Final = MetricSpec(names.METRIC_EVENT_LOOP_LAG, names.UNIT_SECONDS, "histogram")
 GPU_UTILIZATION: Final = MetricSpec(names.METRIC_GPU_UTILIZATION, names.UNIT_RATIO, "gauge")
 GPU_MEMORY_USAGE: Final = MetricSpec(names.METRIC_GPU_MEMORY_USAGE, names.UNIT_BYTES, "updowncounter")
+# Issue 16.2 / 16.4: startup and the launcher's process-tree gauges.
+SERVER_STARTUP_DURATION: Final = MetricSpec(
+    names.METRIC_SERVER_STARTUP_DURATION, names.UNIT_SECONDS, "histogram"
+)
+TREE_PROCESSES: Final = MetricSpec(names.METRIC_TREE_PROCESSES, names.UNIT_PROCESS, "updowncounter")
+TREE_MEMORY_USAGE: Final = MetricSpec(names.METRIC_TREE_MEMORY_USAGE, names.UNIT_BYTES, "updowncounter")
+TREE_CPU_UTILIZATION: Final = MetricSpec(names.METRIC_TREE_CPU_UTILIZATION, names.UNIT_RATIO, "gauge")
+TREE_FILE_DESCRIPTORS: Final = MetricSpec(
+    names.METRIC_TREE_FILE_DESCRIPTORS, names.UNIT_FILE_DESCRIPTOR, "updowncounter"
+)
+TREE_THREADS: Final = MetricSpec(names.METRIC_TREE_THREADS, names.UNIT_THREAD, "updowncounter")
+TREE_GPU_MEMORY_USAGE: Final = MetricSpec(
+    names.METRIC_TREE_GPU_MEMORY_USAGE, names.UNIT_BYTES, "updowncounter"
+)
 
 GYM_METRICS: Final = (
     CLIENT_REQUEST_DURATION,
@@ -132,4 +153,11 @@ GYM_METRICS: Final = (
     EVENT_LOOP_LAG,
     GPU_UTILIZATION,
     GPU_MEMORY_USAGE,
+    SERVER_STARTUP_DURATION,
+    TREE_PROCESSES,
+    TREE_MEMORY_USAGE,
+    TREE_CPU_UTILIZATION,
+    TREE_FILE_DESCRIPTORS,
+    TREE_THREADS,
+    TREE_GPU_MEMORY_USAGE,
 )

@@ -48,6 +48,7 @@ from gym_obs.server.sessions import (
     derive_session_key,
     ensure_session_secret,
 )
+from gym_obs.server.startup import app_build, emit_process_startup, mark_entered, mark_workers_spawning
 from gym_obs.server.uvicorn import (
     ServerStartupError,
     bind_listen_socket,
@@ -213,6 +214,7 @@ class SimpleServer(BaseServer, abc.ABC):
                     if self.telemetry is not None and self.telemetry.enabled and process_gauges_requested():
                         start_process_gauges()  # idempotent, never raises; sampled off the request path
                     self._started = True
+                    emit_process_startup(self.server_name)  # the startup trace's server stages
                     try:
                         yield state
                     finally:
@@ -310,6 +312,7 @@ class SimpleServer(BaseServer, abc.ABC):
                 os.environ[names.ENV_GLOBAL_CONFIG] = self.global_config.model_dump_json()
                 os.environ[names.ENV_SERVER_NAME] = self.server_name
                 ensure_session_secret()  # before the workers start: all of them accept each other's tokens
+                mark_workers_spawning()
                 if self.routes_sessions_to_owner and self.sessions_enabled:
                     routing = worker_routing_environment(self.server_name)
                 config = build_uvicorn_config(
@@ -317,9 +320,9 @@ class SimpleServer(BaseServer, abc.ABC):
                 )
                 on_exit: Callable[[], object] | None = None
             else:
-                config = build_uvicorn_config(
-                    self.build_app(), server, self.global_config.client, where=self.where
-                )
+                with app_build():
+                    app = self.build_app()
+                config = build_uvicorn_config(app, server, self.global_config.client, where=self.where)
                 on_exit = _flush_and_shutdown
         except BaseException:
             sock.close()
@@ -389,9 +392,11 @@ def load_server(server_name: str, global_config: GlobalConfig) -> SimpleServer:
 
 def _worker_app() -> ASGIApp:
     """uvicorn worker factory (``num_workers > 1``): rebuild the server from the environment."""
+    mark_entered()
     configure_logging()
     config = global_config_from_environment()
     name = os.environ.get(names.ENV_SERVER_NAME)
     if config is None or not name:
         raise ServerStartupError(f"{names.ENV_GLOBAL_CONFIG} and {names.ENV_SERVER_NAME} must be set")
-    return load_server(name, config).build_app()
+    with app_build():
+        return load_server(name, config).build_app()

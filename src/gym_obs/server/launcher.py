@@ -16,6 +16,14 @@ workers included). Both are armed before the child imports the server, and a chi
 before that exits at once. With ``echo_output`` (what
 ``gym-obs serve`` does on a terminal) each child's output also goes to this process's stdout, every line
 prefixed with ``(<server name>) `` so several servers stay readable on one terminal.
+
+Startup is one ``gym.startup`` trace (see :mod:`gym_obs.server.startup`): ``launch()`` records it through
+this process's telemetry when that is on (the harness driver's, an application's), and ``gym-obs serve``
+(``setup_launcher_telemetry=True``) sets up its own from the config's telemetry section as service
+``gym/launcher``, never serving a Prometheus endpoint (that port is the servers'). Every server is polled for
+readiness in the same loop, so each one's span ends at its own first healthy probe. With process gauges on
+(``GYM_OBS_PROCESS_GAUGES``) the launcher also reports every server's whole process tree
+(:mod:`gym_obs.telemetry.process_tree`).
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Final
@@ -41,9 +49,14 @@ from gym_obs.client._addresses import server_base_url
 from gym_obs.config import ConfigError, GlobalConfig, load_global_config, parse_global_config
 from gym_obs.server.head_server import HEAD_SERVER_NAME
 from gym_obs.server.ops import pump_output
+from gym_obs.server.startup import StartupTrace, mark_entered
 from gym_obs.server.uvicorn import ServerStartupError, validate_forwarded_allow_ips
 from gym_obs.telemetry import names
-from gym_obs.telemetry.setup import launch_run_id
+from gym_obs.telemetry._state import STATE
+from gym_obs.telemetry.process_tree import TreeRoot, start_process_tree_gauges
+from gym_obs.telemetry.resources import process_gauges_requested
+from gym_obs.telemetry.settings import resolve_settings
+from gym_obs.telemetry.setup import TelemetryHandle, launch_run_id, setup_telemetry
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -130,10 +143,18 @@ def _describe_exit(code: int) -> str:
 class Launch:
     """The running deployment: head server and servers. ``stop()`` is idempotent."""
 
-    def __init__(self, config: GlobalConfig, log_dir: Path, *, echo_output: bool = False) -> None:
+    def __init__(
+        self,
+        config: GlobalConfig,
+        log_dir: Path,
+        *,
+        echo_output: bool = False,
+        startup: StartupTrace | None = None,
+    ) -> None:
         self.config = config
         self.log_dir = log_dir
         self.echo_output = echo_output
+        self.startup = startup if startup is not None else StartupTrace()
         self.head: LaunchedProcess | None = None
         self.servers: dict[str, LaunchedProcess] = {}
         self._stopped = False
@@ -171,6 +192,7 @@ class Launch:
             if threading.current_thread() is threading.main_thread()
             else "0",
         }
+        watch.update(self.startup.server_spawning(name, server_type))
         try:
             process = subprocess.Popen(
                 [sys.executable, "-c", _CHILD_BOOTSTRAP, *args],
@@ -184,55 +206,85 @@ class Launch:
         except BaseException:
             log_file.close()
             raise
+        self.startup.server_spawned(name, process.pid)
         pump = None
         if self.echo_output and process.stdout is not None:
             pump = pump_output(process.stdout, name, raw=[log_file], prefixed=[sys.stdout.buffer])
         return LaunchedProcess(name, server_type, url, log_path, process, workers, log_file, pump)
 
-    def _wait_ready(self, proc: LaunchedProcess, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        ready_url = proc.url + "/readyz"
-        while True:
-            code = proc.exit_code()
-            if code is not None:
-                raise LaunchError(_died_message(proc, before_ready=True))
-            if _probe(ready_url, proc.pid):
-                return
-            if time.monotonic() > deadline:
-                raise LaunchError(
-                    f"server {proc.name!r} did not become ready at {ready_url} within {timeout_s:g}s "
-                    f"(startup_timeout_s); last lines of {proc.log_path}:\n{proc.log_tail()}"
-                )
-            time.sleep(_POLL_S)
+    def _wait_all_ready(self, waits: list[tuple[LaunchedProcess, float]]) -> None:
+        """Poll every process's ``/readyz`` in one loop (each bounded by its own timeout from now), so each
+        is seen ready at its own first healthy probe; the first that dies or times out raises."""
+        start = time.monotonic()
+        pending = {proc.name: (proc, timeout_s, start + timeout_s) for proc, timeout_s in waits}
+        while pending:
+            for name, (proc, timeout_s, deadline) in list(pending.items()):
+                ready_url = proc.url + "/readyz"
+                code = proc.exit_code()
+                if code is not None:
+                    self.startup.server_exited(name, code, _describe_exit(code), _last_line(proc))
+                    raise LaunchError(_died_message(proc, before_ready=True))
+                if _probe(ready_url, proc.pid):
+                    self.startup.server_ready(name)
+                    del pending[name]
+                elif time.monotonic() > deadline:
+                    self.startup.server_timed_out(name, timeout_s, _last_line(proc))
+                    raise LaunchError(
+                        f"server {proc.name!r} did not become ready at {ready_url} within {timeout_s:g}s "
+                        f"(startup_timeout_s); last lines of {proc.log_path}:\n{proc.log_tail()}"
+                    )
+            if pending:
+                time.sleep(_POLL_S)
 
     def start(self, env: Mapping[str, str], ready_timeout_s: float | None) -> None:
-        head_env = {**env, names.ENV_SERVER_NAME: HEAD_SERVER_NAME}  # its name on every log line
-        self.head = self._spawn(HEAD_SERVER_NAME, HEAD_SERVER_NAME, self.head_url, ["--head"], head_env)
-        self._wait_ready_head()
-        for name, server in self.config.servers.items():
-            url = server_base_url(server.host, server.port)
-            child_env = {**env, names.ENV_SERVER_NAME: name}
-            self.servers[name] = self._spawn(
-                name, server.server_type, url, [name], child_env, server.num_workers
+        startup = self.startup
+        with startup.stage(names.STARTUP_STAGE_START_HEAD):
+            head_env = {**env, names.ENV_SERVER_NAME: HEAD_SERVER_NAME}  # its name on every log line
+            self.head = self._spawn(HEAD_SERVER_NAME, HEAD_SERVER_NAME, self.head_url, ["--head"], head_env)
+            self._wait_ready_head()
+        with startup.stage(names.STARTUP_STAGE_SPAWN_SERVERS):
+            for name, server in self.config.servers.items():
+                url = server_base_url(server.host, server.port)
+                child_env = {**env, names.ENV_SERVER_NAME: name}
+                self.servers[name] = self._spawn(
+                    name, server.server_type, url, [name], child_env, server.num_workers
+                )
+        with startup.stage(names.STARTUP_STAGE_WAIT_READY):
+            self._wait_all_ready(
+                [
+                    (proc, ready_timeout_s or self.config.servers[name].startup_timeout_s)
+                    for name, proc in self.servers.items()
+                ]
             )
-        for name, proc in self.servers.items():
-            self._wait_ready(proc, ready_timeout_s or self.config.servers[name].startup_timeout_s)
-        # The head's /readyz turns 200 once it has seen every server ready: one place for callers to wait.
-        if self.head is not None and self.servers:
-            self._wait_ready(self.head, _HEAD_STARTUP_TIMEOUT_S)
+            # The head's /readyz turns 200 once it has seen every server ready: one place for callers to wait.
+            if self.head is not None and self.servers:
+                self._wait_all_ready([(self.head, _HEAD_STARTUP_TIMEOUT_S)])
 
     def _wait_ready_head(self) -> None:
-        assert self.head is not None
+        head = self.head
+        assert head is not None
         deadline = time.monotonic() + _HEAD_STARTUP_TIMEOUT_S
-        while not _probe(self.head.url + "/livez", self.head.pid):
-            if self.head.exit_code() is not None:
-                raise LaunchError(_died_message(self.head, before_ready=True))
+        while not _probe(head.url + "/livez", head.pid):
+            code = head.exit_code()
+            if code is not None:
+                self.startup.server_exited(head.name, code, _describe_exit(code), _last_line(head))
+                raise LaunchError(_died_message(head, before_ready=True))
             if time.monotonic() > deadline:
+                self.startup.server_timed_out(head.name, _HEAD_STARTUP_TIMEOUT_S, _last_line(head))
                 raise LaunchError(
-                    f"the head server did not start at {self.head.url} within {_HEAD_STARTUP_TIMEOUT_S:g}s; "
-                    f"last lines of {self.head.log_path}:\n{self.head.log_tail()}"
+                    f"the head server did not start at {head.url} within {_HEAD_STARTUP_TIMEOUT_S:g}s; "
+                    f"last lines of {head.log_path}:\n{head.log_tail()}"
                 )
             time.sleep(_POLL_S)
+        self.startup.server_ready(head.name)
+
+    def tree_roots(self) -> list[TreeRoot]:
+        """Every running server's process-tree root (the head included), for the process-tree gauges."""
+        return [
+            TreeRoot(proc.name, proc.pid, workers=proc.num_workers > 1)
+            for proc in self.processes()
+            if proc.exit_code() is None
+        ]
 
     # -- stop ----------------------------------------------------------------------------------------------
 
@@ -265,6 +317,7 @@ class Launch:
 
 def _run_child() -> int:
     """A launched child's entry point: die with the launcher, then run ``gym_obs.server._child``."""
+    mark_entered()
     _die_with_launcher()
     from gym_obs.server._child import main
 
@@ -309,6 +362,12 @@ def _watch_launcher(pipe_fd: int) -> None:
     time.sleep(_ORPHAN_GRACE_S)
     with contextlib.suppress(OSError):
         os.killpg(os.getpgid(0), signal.SIGKILL)
+
+
+def _last_line(proc: LaunchedProcess) -> str | None:
+    """The last non-empty line of a process's log (the startup span scrubs and bounds it)."""
+    lines = [line for line in proc.log_tail(5).splitlines() if line.strip()]
+    return lines[-1] if lines else None
 
 
 def _died_message(proc: LaunchedProcess, *, before_ready: bool = False) -> str:
@@ -367,6 +426,7 @@ def launch(
     ready_timeout_s: float | None = None,
     stop_grace_s: float = _STOP_GRACE_S,
     echo_output: bool = False,
+    setup_launcher_telemetry: bool = False,
 ) -> Iterator[Launch]:
     """Start the head server and every server, wait until all are ready, stop them all on exit.
 
@@ -374,24 +434,91 @@ def launch(
     same shape as the YAML file, or a YAML path; anything else is a ConfigError. ``env`` adds environment
     variables for the children.
     ``echo_output`` copies every child's output to stdout, each line prefixed ``(<server name>) ``.
+    The startup trace and the process-tree gauges go through this process's telemetry when it is on;
+    ``setup_launcher_telemetry`` sets it up from the config (service ``gym/launcher``) when it is not,
+    and shuts it down when the launch ends.
     Raises :class:`~gym_obs.config.ConfigError` / :class:`ServerStartupError` before starting anything
     for a bad config, and :class:`LaunchError` (everything already started is stopped) when a server
     fails to start.
     """
-    resolved = resolve_config(config)
-    preflight(resolved)
+    startup = StartupTrace()
+    with startup.stage(names.STARTUP_STAGE_LOAD_CONFIG):
+        resolved = resolve_config(config)
+        preflight(resolved)
+    owned = _launcher_telemetry(resolved) if setup_launcher_telemetry else None
+    try:
+        with _tree_gauges() as add_source:
+            startup.activate()
+            running = _start(resolved, log_dir, env, ready_timeout_s, echo_output, startup, stop_grace_s)
+            try:
+                add_source(running.tree_roots)
+                yield running
+            finally:
+                running.stop(stop_grace_s)
+    finally:
+        if owned is not None:
+            owned.shutdown()
+
+
+def _start(
+    resolved: GlobalConfig,
+    log_dir: str | os.PathLike[str] | None,
+    env: Mapping[str, str] | None,
+    ready_timeout_s: float | None,
+    echo_output: bool,
+    startup: StartupTrace,
+    stop_grace_s: float,
+) -> Launch:
+    """Create the log directory and start everything; on failure stop what started and end the trace."""
     try:
         directory = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="gym-obs-"))
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         where = log_dir if log_dir is not None else "a temporary directory"
-        raise LaunchError(f"cannot create the log directory {where}: {error.strerror or error}") from None
-    running = Launch(resolved, directory, echo_output=echo_output)
+        failure = LaunchError(f"cannot create the log directory {where}: {error.strerror or error}")
+        startup.finish(failure)
+        raise failure from None
+    running = Launch(resolved, directory, echo_output=echo_output, startup=startup)
     try:
         running.start(_child_environment(resolved, env), ready_timeout_s)
-        yield running
-    finally:
+    except BaseException as error:
+        startup.finish(error)
         running.stop(stop_grace_s)
+        raise
+    startup.finish()
+    return running
+
+
+def _launcher_telemetry(config: GlobalConfig) -> TelemetryHandle | None:
+    """Set up telemetry for this launcher process when none is on; the handle when it did (it owns it).
+
+    The launcher never binds the Prometheus port of the config: it belongs to the servers.
+    """
+    if STATE.enabled:
+        return None
+    telemetry = config.telemetry
+    exporters = [e for e in resolve_settings(telemetry, os.environ).metrics_exporters if e != "prometheus"]
+    telemetry = telemetry.model_copy(update={"metrics_exporter": ",".join(exporters) or "none"})
+    handle = setup_telemetry(names.LAUNCHER_SERVICE_NAME, names.LAUNCHER_SERVICE_NAME, config=telemetry)
+    return handle if handle.enabled else None
+
+
+@contextlib.contextmanager
+def _tree_gauges() -> Iterator[Callable[[Callable[[], list[TreeRoot]]], None]]:
+    """Report the launched servers' process trees while the launch runs (process gauges on only)."""
+    stops: list[Callable[[], None]] = []
+
+    def add(source: Callable[[], list[TreeRoot]]) -> None:
+        if STATE.enabled and process_gauges_requested():
+            stop = start_process_tree_gauges(source)
+            if stop is not None:
+                stops.append(stop)
+
+    try:
+        yield add
+    finally:
+        for stop in stops:
+            stop()
 
 
 # --- the `gym-obs serve` command ---------------------------------------------------------------------------
@@ -453,7 +580,11 @@ def serve(
         # On a terminal, the servers' output is shown there too, each line prefixed with its server's name.
         echo = _stdout_is_a_terminal()
         with launch(
-            config_path, log_dir=log_dir, ready_timeout_s=ready_timeout_s, echo_output=echo
+            config_path,
+            log_dir=log_dir,
+            ready_timeout_s=ready_timeout_s,
+            echo_output=echo,
+            setup_launcher_telemetry=True,
         ) as running:
             _print_table(running)
             while True:

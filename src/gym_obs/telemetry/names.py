@@ -328,3 +328,58 @@ SCRUB_URL_KEYS: Final = frozenset({"url.full", "http.url"})
 SCRUB_TARGET_KEYS: Final = frozenset({"http.target"})
 SCRUB_DROPPED_KEYS: Final = frozenset({"url.query", "url.fragment"})
 SCRUB_TEXT_KEYS: Final = frozenset({"exception.message", "exception.stacktrace"})
+
+# --- The startup trace (issue 16.2; server/startup.py) ---------------------------------------------------
+# One ``gym.startup`` trace per launch: the launcher's root span, one span per launcher stage, one
+# ``gym.startup.server`` span per launched process (spawn -> first healthy probe) and, in each server
+# process (every uvicorn worker included), a ``gym.startup.process`` span with one span per process stage.
+SPAN_STARTUP: Final = "gym.startup"
+SPAN_STARTUP_SERVER: Final = "gym.startup.server"
+SPAN_STARTUP_PROCESS: Final = "gym.startup.process"
+SPAN_STARTUP_STAGE_PREFIX: Final = "gym.startup."  # + one of the stage names below
+ATTR_STARTUP_STAGE: Final = "gym.startup.stage"
+STARTUP_STAGE_LOAD_CONFIG: Final = "load_config"
+STARTUP_STAGE_START_HEAD: Final = "start_head_server"
+STARTUP_STAGE_SPAWN_SERVERS: Final = "spawn_servers"
+STARTUP_STAGE_WAIT_READY: Final = "wait_for_readiness"
+STARTUP_STAGE_INTERPRETER: Final = "interpreter_start"  # spawn -> gym_obs code runs in the new process
+STARTUP_STAGE_APP_BUILD: Final = "app_build"  # telemetry set-up, setup_webserver(), the gym layers
+STARTUP_STAGE_UVICORN: Final = "uvicorn_start"  # app built -> lifespan startup complete (serving)
+STARTUP_LAUNCHER_STAGES: Final = (
+    STARTUP_STAGE_LOAD_CONFIG, STARTUP_STAGE_START_HEAD, STARTUP_STAGE_SPAWN_SERVERS,
+    STARTUP_STAGE_WAIT_READY,
+)
+STARTUP_PROCESS_STAGES: Final = (STARTUP_STAGE_INTERPRETER, STARTUP_STAGE_APP_BUILD, STARTUP_STAGE_UVICORN)
+ATTR_PROCESS_PID: Final = "process.pid"  # spans only
+ATTR_PROCESS_EXIT_CODE: Final = "process.exit.code"  # spans only: a server that died before ready
+ATTR_STARTUP_LAST_LOG_LINE: Final = "gym.startup.last_log_line"  # spans only: scrubbed, bounded
+ATTR_STARTUP_TIMEOUT_S: Final = "gym.startup.timeout_s"
+STARTUP_ERROR_EXITED: Final = "process_exited"  # error.type of a gym.startup.server span
+STARTUP_ERROR_TIMEOUT: Final = "startup_timeout"
+STARTUP_ERROR_LAUNCH_FAILED: Final = "launch_failed"  # error.type of the root span
+# The launcher hands each child its gym.startup.server span and the wall-clock time (ns) it spawned it.
+ENV_STARTUP_TRACEPARENT: Final = "GYM_OBS_STARTUP_TRACEPARENT"
+ENV_STARTUP_SPAWNED_NS: Final = "GYM_OBS_STARTUP_SPAWNED_NS"
+LAUNCHER_SERVICE_NAME: Final = "launcher"  # service gym/launcher: `gym-obs serve` when it owns telemetry
+METRIC_SERVER_STARTUP_DURATION: Final = "gym.server.startup.duration"  # by gym.server.type
+SERVER_STARTUP_BUCKETS_S: Final = (
+    0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 300.0, 600.0,
+)
+HISTOGRAM_BUCKETS_S[METRIC_SERVER_STARTUP_DURATION] = SERVER_STARTUP_BUCKETS_S
+
+# --- Process trees of launched servers (issue 16.4; telemetry/process_tree.py) ----------------------------
+# Reported by the launcher for every server it started: the whole tree (the launched process, its uvicorn
+# workers, their subprocesses), summed per (gym.server.name, gym.process.role). Pids are never labels; the
+# process count says how many processes a point sums.
+ATTR_PROCESS_ROLE: Final = "gym.process.role"
+PROCESS_ROLE_MAIN: Final = "main"  # the process the launcher spawned
+PROCESS_ROLE_WORKER: Final = "worker"  # a direct child of a multi-worker server (a uvicorn worker)
+PROCESS_ROLE_CHILD: Final = "child"  # any other descendant (subprocess agents, tools, helpers)
+PROCESS_ROLES: Final = (PROCESS_ROLE_MAIN, PROCESS_ROLE_WORKER, PROCESS_ROLE_CHILD)
+METRIC_TREE_PROCESSES: Final = "gym.server.process_tree.processes"
+METRIC_TREE_MEMORY_USAGE: Final = "gym.server.process_tree.memory.usage"  # memory.type rss | pss
+METRIC_TREE_CPU_UTILIZATION: Final = "gym.server.process_tree.cpu.utilization"  # cpu.mode user | system
+METRIC_TREE_FILE_DESCRIPTORS: Final = "gym.server.process_tree.file_descriptor.count"
+METRIC_TREE_THREADS: Final = "gym.server.process_tree.thread.count"
+METRIC_TREE_GPU_MEMORY_USAGE: Final = "gym.server.process_tree.gpu.memory.usage"  # only with nvidia-smi
+UNIT_PROCESS: Final = "{process}"

@@ -21,7 +21,6 @@ import os
 import re
 import resource
 import shutil
-import subprocess
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -29,7 +28,7 @@ from typing import Final
 
 from opentelemetry.metrics import CallbackOptions, Histogram, Meter, Observation
 
-from gym_obs.telemetry import names
+from gym_obs.telemetry import _procfs, names
 from gym_obs.telemetry._state import STATE
 from gym_obs.telemetry.metrics import AttributeCache
 from gym_obs.telemetry.settings import ENV_FALSE, ENV_TRUE
@@ -38,7 +37,6 @@ __all__ = ["process_gauges_requested", "start_process_gauges", "stop_process_gau
 
 LOGGER: Final = logging.getLogger("gym_obs.telemetry")
 _PROC: Final = "/proc/self"
-_PAGE_SIZE: Final = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _GPU_QUERY: Final = ("--query-gpu=index,utilization.gpu,memory.used", "--format=csv,noheader,nounits")
 _GPU_TIMEOUT_S: Final = 5.0
 _GPU_REFRESH_S: Final = 10.0
@@ -49,51 +47,25 @@ _MEMORY_ATTRS: Final = AttributeCache(names.ATTR_MEMORY_TYPE)
 _CPU_USER: Final = {names.ATTR_CPU_MODE: names.CPU_MODE_USER}
 _CPU_SYSTEM: Final = {names.ATTR_CPU_MODE: names.CPU_MODE_SYSTEM}
 _GPU_ATTRS: Final = AttributeCache(names.ATTR_HW_ID, max_entries=_MAX_GPUS)
+_GpuSample = tuple[str, float | None, int | None]  # (hw.id, utilization ratio, memory bytes)
 
 
-# --- samplers (pure reads of /proc; each returns None where the platform does not provide it) ----------
+# --- samplers of this process (pure reads of /proc/self; None where the platform does not provide it) ---
 def _rss_bytes() -> int | None:
-    try:
-        with open(f"{_PROC}/statm", encoding="ascii") as f:
-            return int(f.read().split()[1]) * _PAGE_SIZE
-    except (OSError, ValueError, IndexError):
-        return None
+    return _procfs.rss_bytes(_PROC)
 
 
 def _pss_bytes() -> int | None:
-    try:
-        with open(f"{_PROC}/smaps_rollup", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+    return _procfs.pss_bytes(_PROC)
 
 
 def _fd_count() -> int | None:
-    try:
-        return len(os.listdir(f"{_PROC}/fd")) - 1  # minus the descriptor listdir itself holds
-    except OSError:
-        return None
+    return _procfs.fd_count(_PROC, own=True)
 
 
 def _thread_count() -> int:
-    try:
-        with open(f"{_PROC}/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("Threads:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return threading.active_count()
-
-
-def _cpu_count() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
+    count = _procfs.thread_count(_PROC)
+    return threading.active_count() if count is None else count
 
 
 class _CpuSampler:
@@ -123,7 +95,7 @@ class _CpuSampler:
             if now[0] - wall0 < self._MIN_WINDOW_S:
                 return self._answer
             self._last = now
-            capacity = (now[0] - wall0) * _cpu_count()
+            capacity = (now[0] - wall0) * _procfs.cpu_count()
             self._answer = (
                 min(1.0, max(0.0, (now[1] - user0) / capacity)),
                 min(1.0, max(0.0, (now[2] - sys0) / capacity)),
@@ -132,9 +104,9 @@ class _CpuSampler:
 
 
 # --- GPU via nvidia-smi: run in a thread with a timeout, cached ------------------------------------------
-def _parse_nvidia_smi(text: str) -> list[tuple[str, float | None, int | None]]:
+def _parse_nvidia_smi(text: str) -> list[_GpuSample]:
     """``(hw.id, utilization ratio, memory bytes)`` per GPU line of ``nvidia-smi --query-gpu`` CSV."""
-    gpus: list[tuple[str, float | None, int | None]] = []
+    gpus: list[_GpuSample] = []
     for line in text.splitlines()[:_MAX_GPUS]:
         match = _GPU_LINE.fullmatch(line)
         if match is None:
@@ -158,41 +130,15 @@ def _mib_bytes(text: str) -> int | None:
     return None if value is None else int(value * 1024 * 1024)
 
 
-class _GpuProbe:
+def _gpu_probe(executable: str) -> _procfs.CachedCommand[_GpuSample]:
     """Caches the last ``nvidia-smi`` answer; refreshes it in a daemon thread when stale (never waits)."""
-
-    def __init__(self, executable: str) -> None:
-        self._executable = executable
-        self._lock = threading.Lock()
-        self._samples: list[tuple[str, float | None, int | None]] = []
-        self._fetched = -_GPU_REFRESH_S
-        self._running = False
-
-    def samples(self) -> list[tuple[str, float | None, int | None]]:
-        with self._lock:
-            stale = time.monotonic() - self._fetched >= _GPU_REFRESH_S
-            if stale and not self._running:
-                self._running = True
-                threading.Thread(target=self._refresh, name="gym-obs-nvidia-smi", daemon=True).start()
-            return list(self._samples)
-
-    def _refresh(self) -> None:
-        samples: list[tuple[str, float | None, int | None]] = []
-        try:
-            out = subprocess.run(
-                [self._executable, *_GPU_QUERY],
-                capture_output=True,
-                text=True,
-                timeout=_GPU_TIMEOUT_S,
-                check=False,
-                stdin=subprocess.DEVNULL,
-            )
-            if out.returncode == 0:
-                samples = _parse_nvidia_smi(out.stdout)
-        except (OSError, subprocess.SubprocessError, ValueError):
-            pass  # a hung or broken nvidia-smi means no GPU points, never a stuck export
-        with self._lock:
-            self._samples, self._fetched, self._running = samples, time.monotonic(), False
+    return _procfs.CachedCommand(
+        [executable, *_GPU_QUERY],
+        _parse_nvidia_smi,
+        refresh_s=_GPU_REFRESH_S,
+        timeout_s=_GPU_TIMEOUT_S,
+        thread_name="gym-obs-nvidia-smi",
+    )
 
 
 # --- the gauges ---------------------------------------------------------------------------------------
@@ -233,7 +179,7 @@ class _ProcessGauges:
             explicit_bucket_boundaries_advisory=list(names.HISTOGRAM_BUCKETS_S[names.METRIC_EVENT_LOOP_LAG]),
         )
         executable = shutil.which("nvidia-smi") if gpu else None
-        self.gpu = _GpuProbe(executable) if executable else None
+        self.gpu = _gpu_probe(executable) if executable else None
         if self.gpu is not None:
             self.gpu.samples()  # start the first refresh now, so the first export has an answer
             meter.create_observable_gauge(
