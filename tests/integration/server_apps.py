@@ -140,3 +140,25 @@ class NeverReadyServer(SimpleServer):
 
     def setup_webserver(self) -> FastAPI:
         return FastAPI()
+
+
+LOG_CANARY = "sk-live-LOGCANARY0123456789abcdef"
+
+
+class LoggingServer(SimpleServer):
+    """resources_servers: ``POST /log`` logs a line carrying a secret and answers with its trace ids."""
+
+    def setup_webserver(self) -> FastAPI:
+        from gym_obs.telemetry.spans import current_ids
+
+        app = FastAPI()
+        log = get_logger("tests.logging_server")
+
+        @app.post("/log")
+        async def write_log(body: dict[str, Any]) -> dict[str, Any]:
+            secret = {"api_key": LOG_CANARY, "detail": f"token={LOG_CANARY}"}
+            log.warning("handled a request", n=body.get("n"), **secret)
+            trace_id, span_id = current_ids()
+            return {"trace_id": trace_id, "span_id": span_id}
+
+        return app

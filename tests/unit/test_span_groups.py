@@ -66,3 +66,26 @@ def test_groups_are_immutable_and_reject_unknown_members() -> None:
     with pytest.raises(UnknownSpanGroup):
         SpanGroups(frozenset({"server", "nope"}))
     assert repr(parse_span_groups("none")) == "SpanGroups(none)"
+
+
+def test_config_beats_the_environment_and_an_unknown_name_fails_config_loading() -> None:
+    from gym_obs.config import ConfigError, parse_global_config
+    from gym_obs.telemetry.settings import TelemetryConfig, resolve_settings
+
+    env = {"GYM_OBS_TELEMETRY": "1", "GYM_OBS_SPAN_GROUPS": "none", "OTEL_TRACES_EXPORTER": "console"}
+    assert resolve_settings(TelemetryConfig(), env).span_groups.enabled == frozenset()
+    chosen = resolve_settings(TelemetryConfig(span_groups="Server,model_call"), env).span_groups
+    assert chosen.enabled == {"server", "model_call"}
+    with pytest.raises(ConfigError) as caught:
+        parse_global_config({"telemetry": {"span_groups": "default,modelcall"}, "servers": {}})
+    assert "modelcall" in str(caught.value) and "model_call" in str(caught.value)
+
+
+def test_an_unknown_name_in_the_environment_is_reported_with_the_list_and_the_default_used() -> None:
+    from gym_obs.telemetry.settings import TelemetryConfig, resolve_settings
+
+    env = {"GYM_OBS_TELEMETRY": "1", "GYM_OBS_SPAN_GROUPS": "sever", "OTEL_TRACES_EXPORTER": "console"}
+    settings = resolve_settings(TelemetryConfig(), env)
+    assert settings.span_groups == DEFAULT_GROUPS
+    (problem,) = [p for p in settings.problems if "GYM_OBS_SPAN_GROUPS" in p]
+    assert "'sever'" in problem and all(name in problem for name in GROUPS)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from gym_obs.telemetry.groups import DEFAULT_GROUPS, SpanGroups
+
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
 
@@ -17,7 +19,15 @@ if TYPE_CHECKING:
 class TelemetryState:
     """Mutable singleton; written only by ``setup_telemetry``/shutdown (and test helpers)."""
 
-    __slots__ = ("enabled", "instruments", "propagation_targets", "server_name", "tracer", "traces_enabled")
+    __slots__ = (
+        "enabled",
+        "groups",
+        "instruments",
+        "propagation_targets",
+        "server_name",
+        "tracer",
+        "traces_enabled",
+    )
 
     def __init__(self) -> None:
         self.enabled: bool = False
@@ -26,6 +36,8 @@ class TelemetryState:
         self.instruments: Instruments | None = None
         self.server_name: str | None = None
         self.propagation_targets: frozenset[str] = frozenset()
+        # Which kinds of span are created (span groups); each call site checks its flag after ``enabled``.
+        self.groups: SpanGroups = DEFAULT_GROUPS
 
     def snapshot(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}

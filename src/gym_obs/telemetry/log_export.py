@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 import structlog
@@ -27,12 +27,14 @@ from opentelemetry.sdk.resources import Resource
 
 from gym_obs.telemetry import names
 from gym_obs.telemetry.logging import scrub_event, shared_processors
+from gym_obs.telemetry.settings import OtlpTarget, Settings
 
 __all__ = [
     "OtlpLogHandler",
     "SafeLogExporter",
     "install_log_export",
     "record_attributes",
+    "start_log_export",
     "uninstall_log_export",
 ]
 
@@ -209,21 +211,29 @@ class SafeLogExporter(LogRecordExporter):
 
 
 def install_log_export(
-    exporter: LogRecordExporter, resource: Resource, *, schedule_delay_ms: int = 1000
+    exporter: LogRecordExporter | Sequence[LogRecordExporter],
+    resource: Resource,
+    *,
+    schedule_delay_ms: int = 1000,
 ) -> LoggerProvider:
-    """Send every log record of this process to ``exporter``; replaces a handler installed before.
+    """Send every log record of this process to ``exporter`` (or each of several, each with its own bounded
+    queue); replaces a handler installed before.
 
-    Returns the provider; ``uninstall_log_export(provider)`` (or process exit) flushes and removes it.
+    Returns the provider; ``uninstall_log_export(provider)`` flushes and removes it.
     """
-    provider = LoggerProvider(resource=resource)
-    provider.add_log_record_processor(
-        BatchLogRecordProcessor(
-            SafeLogExporter(exporter),
-            schedule_delay_millis=schedule_delay_ms,
-            max_queue_size=_MAX_QUEUE,
-            max_export_batch_size=_MAX_BATCH,
+    provider = LoggerProvider(resource=resource, shutdown_on_exit=False)
+    exporters = [exporter] if isinstance(exporter, LogRecordExporter) else list(exporter)
+    for index, one in enumerate(exporters):
+        provider.add_log_record_processor(
+            BatchLogRecordProcessor(
+                SafeLogExporter(one, what=f"log export {index + 1} of {len(exporters)}")
+                if len(exporters) > 1
+                else SafeLogExporter(one),
+                schedule_delay_millis=schedule_delay_ms,
+                max_queue_size=_MAX_QUEUE,
+                max_export_batch_size=_MAX_BATCH,
+            )
         )
-    )
     root = logging.getLogger()
     for old in [h for h in root.handlers if getattr(h, _HANDLER_MARK, False)]:
         root.removeHandler(old)
@@ -241,6 +251,41 @@ def uninstall_log_export(provider: LoggerProvider | None = None) -> None:
             _shutdown(owned)
     if provider is not None:
         _shutdown(provider)
+
+
+def start_log_export(
+    settings: Settings, resource: Resource, timeout_s: float, problems: list[str]
+) -> Callable[[], None] | None:
+    """The log export ``settings`` ask for (``OTEL_LOGS_EXPORTER`` / ``logs_exporter``), installed; returns
+    the function that flushes and removes it, or None when no log export is wanted or possible."""
+    exporters: list[LogRecordExporter] = []
+    for name in settings.logs_exporters:
+        try:
+            if name == "otlp" and settings.otlp_logs is not None:
+                exporters.append(_otlp_log_exporter(settings.otlp_logs, timeout_s))
+            elif name == "file":
+                from gym_obs.telemetry.file_export import file_log_exporter  # imported only when chosen
+
+                label = str(resource.attributes.get(names.SERVICE_NAME, "gym"))
+                exporters.append(file_log_exporter(settings.file_export_dir, label))
+        except Exception as exc:
+            problems.append(f"cannot set up {name} log export ({type(exc).__name__}); logs stay on stderr")
+    if not exporters:
+        return None
+    provider = install_log_export(exporters, resource)
+    return lambda: uninstall_log_export(provider)
+
+
+def _otlp_log_exporter(target: OtlpTarget, timeout_s: float) -> LogRecordExporter:
+    if target.protocol == "grpc":  # heavy import, only when chosen
+        from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter as GrpcLogExporter
+
+        return GrpcLogExporter(
+            endpoint=target.endpoint, insecure=target.endpoint.startswith("http://"), timeout=timeout_s
+        )
+    from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter as HttpLogExporter
+
+    return HttpLogExporter(endpoint=target.endpoint, timeout=timeout_s)
 
 
 def _shutdown(provider: LoggerProvider) -> None:

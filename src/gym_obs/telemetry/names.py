@@ -146,6 +146,7 @@ ENV_TRACE_PROPAGATION_TARGETS: Final = "GYM_OBS_TRACE_PROPAGATION_TARGETS"
 ENV_RUN_ID: Final = "GYM_OBS_RUN_ID"
 ENV_LOG_JSON: Final = "GYM_OBS_LOG_JSON"
 ENV_TELEMETRY_DIR: Final = "GYM_OBS_TELEMETRY_DIR"  # where the `file` exporter writes OTLP JSON lines
+ENV_SPAN_GROUPS: Final = "GYM_OBS_SPAN_GROUPS"  # span groups and presets (telemetry/groups.py)
 ENV_GLOBAL_CONFIG: Final = "GYM_OBS_GLOBAL_CONFIG"  # resolved global config (JSON) for launched servers
 ENV_SERVER_NAME: Final = "GYM_OBS_SERVER_NAME"  # which server of the global config this process runs
 ENV_HEAD_SERVER: Final = "GYM_OBS_HEAD_SERVER"  # host:port of the head server, for a driver outside launch

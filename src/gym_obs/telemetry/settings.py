@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from typing import Final, Literal
 from urllib.parse import unquote, urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gym_obs.telemetry import names
+from gym_obs.telemetry.groups import DEFAULT_GROUPS, SpanGroups, UnknownSpanGroup, parse_span_groups
 from gym_obs.telemetry.propagation import parse_propagation_targets
 from gym_obs.telemetry.redaction import scrub_text
 
@@ -49,6 +50,8 @@ OtlpProtocol = Literal["http/protobuf", "grpc"]
 
 TRACES_EXPORTERS: Final = ("otlp", "console", "file", "none")
 METRICS_EXPORTERS: Final = ("otlp", "console", "prometheus", "file", "none")
+# Logs go over OTLP only when asked for (OTEL_LOGS_EXPORTER or the config): the stderr lines always exist.
+LOGS_EXPORTERS: Final = ("otlp", "file", "none")
 DEFAULT_FILE_EXPORT_DIR: Final = "telemetry"
 PROTOCOLS: Final = ("http/protobuf", "grpc")
 SAMPLERS: Final = (
@@ -65,7 +68,7 @@ DEFAULT_PROMETHEUS_HOST: Final = "localhost"
 DEFAULT_PROMETHEUS_PORT: Final = 9464
 DEFAULT_SPAN_SCHEDULE_DELAY_MS: Final = 5000
 _DEFAULT_ENDPOINTS: Final = {"http/protobuf": "http://localhost:4318", "grpc": "http://localhost:4317"}
-_HTTP_PATHS: Final = {"traces": "/v1/traces", "metrics": "/v1/metrics"}
+_HTTP_PATHS: Final = {"traces": "/v1/traces", "metrics": "/v1/metrics", "logs": "/v1/logs"}
 ENV_TRUE: Final = frozenset({"1", "true", "yes", "on"})
 """Values of a boolean ``GYM_OBS_*`` switch that mean on (after strip and lower-case)."""
 ENV_FALSE: Final = frozenset({"", "0", "false", "no", "off"})
@@ -97,6 +100,16 @@ class TelemetryConfig(BaseModel):
     span_batch_size: int = Field(default=512, gt=0)
     export_timeout_ms: int = Field(default=10_000, gt=0)
     file_export_dir: str | None = None  # exporter `file`: OTLP JSON lines here (else GYM_OBS_TELEMETRY_DIR)
+    logs_exporter: str | None = None  # otlp | file | none (default none; else OTEL_LOGS_EXPORTER)
+    span_groups: str | None = None  # "default,model_call" (else GYM_OBS_SPAN_GROUPS; telemetry/groups.py)
+
+    @field_validator("span_groups")
+    @classmethod
+    def _known_span_groups(cls, value: str | None) -> str | None:
+        """An unknown group or preset fails config loading, naming every valid one."""
+        if value is not None:
+            parse_span_groups(value)
+        return value
 
 
 @dataclass(frozen=True)
@@ -130,6 +143,9 @@ class Settings:
     problems: tuple[str, ...] = field(default=())
     file_export_dir: str = DEFAULT_FILE_EXPORT_DIR  # for the `file` exporter
     span_schedule_delay_ms: int = DEFAULT_SPAN_SCHEDULE_DELAY_MS  # OTEL_BSP_SCHEDULE_DELAY
+    logs_exporters: tuple[str, ...] = ()
+    otlp_logs: OtlpTarget | None = None
+    span_groups: SpanGroups = DEFAULT_GROUPS
 
 
 class _Problems:
@@ -314,8 +330,15 @@ def resolve_settings(config: TelemetryConfig, env: Mapping[str, str]) -> Setting
     metrics_raw = config.metrics_exporter or _env(env, "OTEL_METRICS_EXPORTER") or "otlp"
     metrics = _exporters(metrics_source, metrics_raw, METRICS_EXPORTERS, problems)
 
+    logs_source = "config logs_exporter" if config.logs_exporter else "OTEL_LOGS_EXPORTER"
+    logs_raw = config.logs_exporter or _env(env, "OTEL_LOGS_EXPORTER") or "none"
+    logs = _exporters(logs_source, logs_raw, LOGS_EXPORTERS, problems)
+
     otlp_traces = _otlp_target("traces", config, env, problems) if "otlp" in traces else None
     otlp_metrics = _otlp_target("metrics", config, env, problems) if "otlp" in metrics else None
+    otlp_logs = _otlp_target("logs", config, env, problems) if "otlp" in logs else None
+    if otlp_logs is None:
+        logs = tuple(item for item in logs if item != "otlp")
     if otlp_traces is None:
         traces = tuple(t for t in traces if t != "otlp")
     if otlp_metrics is None:
@@ -342,6 +365,7 @@ def resolve_settings(config: TelemetryConfig, env: Mapping[str, str]) -> Setting
         )
     )
     resource = parse_resource_attributes(env.get("OTEL_RESOURCE_ATTRIBUTES"), problems)
+    groups = _span_groups(config, env, problems)
     schedule_delay = _positive_int(
         "OTEL_BSP_SCHEDULE_DELAY",
         _env(env, "OTEL_BSP_SCHEDULE_DELAY"),
@@ -370,7 +394,23 @@ def resolve_settings(config: TelemetryConfig, env: Mapping[str, str]) -> Setting
         or _env(env, names.ENV_TELEMETRY_DIR)
         or DEFAULT_FILE_EXPORT_DIR,
         span_schedule_delay_ms=schedule_delay,
+        logs_exporters=logs,
+        otlp_logs=otlp_logs,
+        span_groups=groups,
     )
+
+
+def _span_groups(config: TelemetryConfig, env: Mapping[str, str], problems: _Problems) -> SpanGroups:
+    """Config beats ``GYM_OBS_SPAN_GROUPS``; an unknown name in the environment is reported (with the valid
+    names) and the default preset used, since setting telemetry up never raises."""
+    if config.span_groups is not None:
+        return parse_span_groups(config.span_groups)
+    raw = _env(env, names.ENV_SPAN_GROUPS)
+    try:
+        return parse_span_groups(raw)
+    except UnknownSpanGroup as exc:
+        problems.add(f"{names.ENV_SPAN_GROUPS}: {exc}; using the default preset")
+        return DEFAULT_GROUPS
 
 
 def _run_id(config: TelemetryConfig, env: Mapping[str, str]) -> str:

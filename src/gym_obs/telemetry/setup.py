@@ -65,6 +65,7 @@ from gym_obs.telemetry._exporters import (
 from gym_obs.telemetry._fanout import fan_in
 from gym_obs.telemetry._sdk_env import SDK_ENV_PROBLEMS
 from gym_obs.telemetry._state import STATE
+from gym_obs.telemetry.log_export import start_log_export
 from gym_obs.telemetry.metrics import instruments_for
 from gym_obs.telemetry.redaction import scrub_text
 from gym_obs.telemetry.settings import Settings, TelemetryConfig, resolve_run_id, resolve_settings
@@ -280,6 +281,9 @@ def _setup(server_name: str, server_type: str | None, config: TelemetryConfig) -
         for stop in stoppers:  # e.g. a Prometheus endpoint started before the failure
             _bounded("endpoint stop", stop, time.monotonic() + 2.0, [])
         stoppers.clear()
+    stop_logs = start_log_export(settings, resource, timeout_s, problems) if tp or mp else None
+    if stop_logs is not None:
+        stoppers.append(stop_logs)
     _report(problems)
     if tp is None and mp is None:
         LOGGER.warning("telemetry was enabled but no exporter is usable; telemetry is off")
@@ -291,7 +295,14 @@ def _setup(server_name: str, server_type: str | None, config: TelemetryConfig) -
     STATE.traces_enabled = tp is not None
     meter = mp.get_meter(names.INSTRUMENTATION_SCOPE) if mp else NoOpMeter(names.INSTRUMENTATION_SCOPE)
     STATE.instruments = instruments_for(meter)
+    STATE.groups = settings.span_groups
     STATE.enabled = True
+    missing = settings.span_groups.missing_spine()
+    if missing and tp is not None:
+        LOGGER.warning(
+            "span group(s) %s off: traces will break apart at every hop between processes",
+            ", ".join(missing),
+        )
     handle = TelemetryHandle(
         enabled=True,
         tracer_provider=tp,
@@ -304,10 +315,12 @@ def _setup(server_name: str, server_type: str | None, config: TelemetryConfig) -
     )
     _register_atexit()
     LOGGER.info(
-        "telemetry on for %s: traces -> %s; metrics -> %s",
+        "telemetry on for %s: traces -> %s; metrics -> %s; logs -> %s; span groups %s",
         resource.attributes.get(names.SERVICE_NAME),
         ", ".join(settings.traces_exporters) or "off",
         ", ".join(settings.metrics_exporters) or "off",
+        ", ".join(settings.logs_exporters) or "stderr only",
+        ",".join(sorted(settings.span_groups.enabled)) or "none",
     )
     return handle
 
