@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Final
 
 import gym_obs
-from gym_obs.client._addresses import server_base_url
+from gym_obs.client import server_base_url
 from gym_obs.config import GlobalConfig, load_global_config
 from gym_obs.server.head_server import HEAD_SERVER_NAME
 from gym_obs.server.ops import pump_output
