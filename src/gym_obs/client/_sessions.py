@@ -125,31 +125,24 @@ _reported = False
 _by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopSessions] = weakref.WeakKeyDictionary()
 # The last loop's sessions: one identity check on the hot path instead of a dictionary lookup.
 _current: _LoopSessions | None = None
-# Every live connector of every loop, for the connections gauge (a loop's task syncs its own).
+# The connections gauge, over the connector list: each loop's ``_LoopSessions.sources`` (its own task
+# syncs them; sync_pool_connections() syncs every loop's).
 _GAUGE: Final = ConnectionsGauge()
-_connectors: list[tuple[aiohttp.BaseConnector, str]] = []
 # The ServerClient get_server_url() loads once per process (typed by its caller: servers.py is above).
 _server_client: object = None
 _server_client_lock = threading.Lock()  # held while loading (blocking): not the sessions' lock
 
 
-def _remember_connector(connector: aiohttp.BaseConnector, pool: str) -> None:
-    with _lock:
-        _connectors.append((connector, pool))
-
-
 def _forget_connector(connector: aiohttp.BaseConnector, pool: str) -> None:
-    """Report ``connector`` as gone (its series drop to zero) and forget it."""
+    """Report ``connector`` as gone: its series drop to zero."""
     _GAUGE.sync(connector, pool, closing=True)
-    with _lock:
-        _connectors[:] = [(c, p) for c, p in _connectors if c is not connector]
 
 
 def sync_pool_connections() -> None:
     """Bring ``gym.client.pool.connections`` up to date with every live pool's connector now."""
     with _lock:
-        connectors = list(_connectors)
-    for connector, pool in connectors:
+        sources = [source for sessions in _by_loop.values() for source in sessions.sources]
+    for connector, pool in sources:
         _GAUGE.sync(connector, pool)
 
 
@@ -233,9 +226,7 @@ def _make_pool(name: PoolName) -> Pool:
         return s
 
     debug = [request_debug_trace_config()] if cfg.global_aiohttp_client_request_debug else []
-    pool = Pool(name, connector, session(debug or None), session([*debug, pool_trace_config(name)]))
-    _remember_connector(connector, name)
-    return pool
+    return Pool(name, connector, session(debug or None), session([*debug, pool_trace_config(name)]))
 
 
 def pool_for(control: bool) -> Pool:
