@@ -54,14 +54,14 @@ class FairTCPConnector(aiohttp.TCPConnector):
         self._fair_ties = itertools.count()
         self._promised: dict[ConnectionKey, int] = {}
         self.promised_total = 0
-        self._gated = bool(self._limit or self._limit_per_host)
+        self._gated = bool(self.limit or self.limit_per_host)
 
     def _slot_free(self, key: ConnectionKey) -> bool:
         """A connection may be taken for ``key`` now (slots promised to woken waiters count as taken)."""
-        limit = self._limit
+        limit = self.limit
         if limit and len(self._acquired) + self.promised_total >= limit:
             return False
-        per_host = self._limit_per_host
+        per_host = self.limit_per_host
         if per_host:
             held = len(self._acquired_per_host.get(key, ())) + self._promised.get(key, 0)
             if held >= per_host:
@@ -86,7 +86,7 @@ class FairTCPConnector(aiohttp.TCPConnector):
         if not queue:
             return
         kept: list[tuple[int, int, asyncio.Future[None], ConnectionKey]] = []
-        limit = self._limit
+        limit = self.limit
         for index, entry in enumerate(queue):
             future, key = entry[2], entry[3]
             if future.done():
@@ -105,7 +105,7 @@ class FairTCPConnector(aiohttp.TCPConnector):
         arrival = ARRIVAL.get()
         if arrival is None:
             arrival = next_arrival()
-        future: asyncio.Future[None] = self._loop.create_future()
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         bisect.insort(self._fair_queue, (arrival, next(self._fair_ties), future, key))
         for trace in traces:
             await trace.send_connection_queued_start()
