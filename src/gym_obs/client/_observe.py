@@ -169,10 +169,10 @@ class RequestObserver:
 
     # -- before the first attempt --------------------------------------------------------------------------
 
-    def prepare(self, kwargs: dict[str, Any], internal: bool) -> None:
+    def prepare(self, kwargs: dict[str, Any], options: RequestOptions) -> None:
         """Inject trace context where it may go (gym servers and the allow-list) and label the pool-wait
         trace with the gym server name."""
-        if internal or self.dest.may_propagate(self.text):
+        if options.internal or self.dest.may_propagate(self.text):
             if self.tracer is not None:
                 self.open()  # the traceparent must name this request's span
             headers = _copy_headers(kwargs.get("headers"))

@@ -148,7 +148,7 @@ async def request(
         return await send(pool, method, url, aiohttp_kwargs, options, None)
     observer = RequestObserver(method, url, options)
     try:
-        observer.prepare(aiohttp_kwargs, _internal)
+        observer.prepare(aiohttp_kwargs, options)
         response = await send(pool, method, url, aiohttp_kwargs, options, observer)
     except BaseException as exc:
         observer.end_failed(exc)
