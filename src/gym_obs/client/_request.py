@@ -7,6 +7,7 @@ a :class:`RequestObserver` around the same loop (one CLIENT span per logical req
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from typing import Any, Final
@@ -35,6 +36,7 @@ __all__ = ["observe_transport_failures", "request"]
 _JSON_CONTENT_TYPE: Final = "application/json"
 # An HTTP method is a token (RFC 9110 section 9.1); aiohttp would put anything, even "", on the wire.
 _METHOD_TOKEN: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_SHARED_OPTIONS: Final = 1024
 
 
 def _json_default(value: Any) -> Any:
@@ -84,6 +86,42 @@ def _check_limits(max_num_tries: object, max_connection_retries: object) -> None
             raise ValueError(f"{name} must be >= {least} (or None), not {value}")
 
 
+def _options(
+    internal: bool,
+    server_name: str | None,
+    control: bool,
+    max_connection_retries: int | None,
+    max_num_tries: int | None,
+    resend_after_disconnect: bool,
+    retry_other_errors: bool,
+    read_body: bool,
+    route: str | None,
+    allow_redirects: bool,
+    max_redirects: int,
+    on_transport_failure: TransportFailureHook | None,
+) -> RequestOptions:
+    return RequestOptions(
+        internal=internal,
+        server_name=server_name,
+        control=control,
+        max_connection_retries=max_connection_retries,
+        max_num_tries=max_num_tries,
+        resend_after_disconnect=resend_after_disconnect,
+        retry_other_errors=retry_other_errors,
+        read_body=read_body,
+        route=route,
+        on_transport_failure=on_transport_failure,
+        allow_redirects=allow_redirects,
+        max_redirects=max_redirects,
+    )
+
+
+_shared_options: Final = functools.lru_cache(maxsize=_SHARED_OPTIONS)(_options)
+"""The one (immutable, so shareable) RequestOptions of a knob combination without a hook. Building a
+frozen dataclass costs twice the rest of the telemetry-off path (measured: ~2 µs against ~1 µs), and
+callers repeat the same few combinations (external calls, one per gym server and route)."""
+
+
 async def request(
     method: str,
     url: str,
@@ -129,20 +167,19 @@ async def request(
         _check_limits(_max_num_tries, _max_connection_retries)
     if "json" in aiohttp_kwargs:
         _encode_json(aiohttp_kwargs)
-    options = RequestOptions(
-        internal=_internal,
-        server_name=_server_name,
-        control=_control,
-        max_connection_retries=_max_connection_retries,
-        max_num_tries=_max_num_tries,
-        resend_after_disconnect=_resend_after_disconnect,
-        retry_other_errors=_retry_other_errors,
-        read_body=_read_body,
-        route=_route,
-        on_transport_failure=_on_transport_failure,
-        allow_redirects=aiohttp_kwargs.pop("allow_redirects", True),
-        max_redirects=aiohttp_kwargs.pop("max_redirects", DEFAULT_MAX_REDIRECTS),
+    allow_redirects = aiohttp_kwargs.pop("allow_redirects", True)
+    max_redirects = aiohttp_kwargs.pop("max_redirects", DEFAULT_MAX_REDIRECTS)
+    knobs = (
+        _internal, _server_name, _control, _max_connection_retries, _max_num_tries,
+        _resend_after_disconnect, _retry_other_errors, _read_body, _route, allow_redirects, max_redirects,
     )
+    if _on_transport_failure is None:
+        try:
+            options = _shared_options(*knobs, None)
+        except TypeError:  # an unhashable value (a caller's odd route or limit): no sharing
+            options = _options(*knobs, None)
+    else:  # hooks are often made per request: sharing their options would only churn the cache
+        options = _options(*knobs, _on_transport_failure)
     pool = pool_for(_control)
     if not STATE.enabled:
         return await send(pool, method, url, aiohttp_kwargs, options, None)
