@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from gym_obs.client import (
     MAX_NUM_TRIES,
+    CapacityReport,
     GlobalAIOHTTPAsyncClientConfig,
     RetriesExhaustedError,
     TransportFailure,
@@ -37,6 +38,7 @@ from gym_obs.client import (
 
 __all__ = [
     "MAX_NUM_TRIES",
+    "CapacityReport",
     "GlobalAIOHTTPAsyncClientConfig",
     "RetriesExhaustedError",
     "TransportFailure",
