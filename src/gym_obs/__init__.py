@@ -12,15 +12,15 @@ from typing import TYPE_CHECKING, Any
 from gym_obs._version import __version__
 
 if TYPE_CHECKING:
-    from gym_obs.client.concurrency import TimedSemaphore
-    from gym_obs.client.http_client import (
+    from gym_obs.client import (
+        ServerClient,
+        TimedSemaphore,
         format_exception_with_response_body,
         get_response_json,
         raise_boundary_failure,
         raise_for_status,
         request,
     )
-    from gym_obs.client.server_client import ServerClient
     from gym_obs.failures import (
         FailureReport,
         ForeignFailure,
@@ -39,21 +39,21 @@ _EXPORTS: dict[str, str] = {
     "FailureReport": "gym_obs.failures",
     "ForeignFailure": "gym_obs.failures",
     "NgFailureEvent": "gym_obs.failures",
-    "ServerClient": "gym_obs.client.server_client",
+    "ServerClient": "gym_obs.client",
     "SimpleServer": "gym_obs.server",
-    "TimedSemaphore": "gym_obs.client.concurrency",
+    "TimedSemaphore": "gym_obs.client",
     "caused_by": "gym_obs.failures",
     "configure_logging": "gym_obs.telemetry.logging",
     "current_rollout_id": "gym_obs.telemetry.propagation",
     "failure_report_for": "gym_obs.failures",
-    "format_exception_with_response_body": "gym_obs.client.http_client",
+    "format_exception_with_response_body": "gym_obs.client",
     "get_logger": "gym_obs.telemetry.logging",
-    "get_response_json": "gym_obs.client.http_client",
+    "get_response_json": "gym_obs.client",
     "launch": "gym_obs.server",
-    "raise_boundary_failure": "gym_obs.client.http_client",
-    "raise_for_status": "gym_obs.client.http_client",
+    "raise_boundary_failure": "gym_obs.client",
+    "raise_for_status": "gym_obs.client",
     "read_report_from_row": "gym_obs.failures",
-    "request": "gym_obs.client.http_client",
+    "request": "gym_obs.client",
     "rollout_context": "gym_obs.telemetry.propagation",
     "setup_telemetry": "gym_obs.telemetry.setup",
     "shutdown_telemetry": "gym_obs.telemetry.setup",

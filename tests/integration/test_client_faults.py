@@ -54,9 +54,9 @@ async def pools() -> AsyncIterator[Setup]:
 
     yield setup
     await close_global_aiohttp_client()
-    from gym_obs.client import _sessions
+    from gym_obs.client import configure_global_aiohttp_client
 
-    _sessions.configure(GlobalAIOHTTPAsyncClientConfig())
+    configure_global_aiohttp_client(GlobalAIOHTTPAsyncClientConfig())
 
 
 

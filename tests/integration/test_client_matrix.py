@@ -57,9 +57,9 @@ async def pools() -> AsyncIterator[None]:
     set_global_aiohttp_client(FAST)
     yield
     await close_global_aiohttp_client()
-    from gym_obs.client import _sessions
+    from gym_obs.client import configure_global_aiohttp_client
 
-    _sessions.configure(GlobalAIOHTTPAsyncClientConfig())
+    configure_global_aiohttp_client(GlobalAIOHTTPAsyncClientConfig())
 
 
 
@@ -451,9 +451,9 @@ async def test_request_debug_flag_logs_every_exchange_redacted(
             response.release()
     finally:
         await close_global_aiohttp_client()
-        from gym_obs.client import _sessions
+        from gym_obs.client import configure_global_aiohttp_client
 
-        _sessions.configure(GlobalAIOHTTPAsyncClientConfig())
+        configure_global_aiohttp_client(GlobalAIOHTTPAsyncClientConfig())
     assert not is_global_aiohttp_client_request_debug_enabled()
     debug = [entry for entry in logs if entry["event"] == "client_request_debug"]
     assert [("error" in e, e.get("status")) for e in debug] == [(True, None), (False, 200)]

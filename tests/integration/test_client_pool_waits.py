@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from gym_obs.client import _pool_trace
+from gym_obs.client import sync_pool_connections
 from gym_obs.client.http_client import (
     GlobalAIOHTTPAsyncClientConfig,
     close_global_aiohttp_client,
@@ -76,7 +76,7 @@ async def test_pool_of_one_under_20_concurrent_requests(
     assert pending and all(p.attributes[names.ATTR_SERVER_NAME] == "model" for p in pending)
     assert _sum(telemetry, names.METRIC_POOL_PENDING_REQUESTS) == 0
 
-    _pool_trace.sync_pool_connections()
+    sync_pool_connections()
     assert _sum(telemetry, names.METRIC_POOL_CONNECTIONS, **{
         names.ATTR_POOL: "data", names.ATTR_HTTP_CONNECTION_STATE: "idle"}) == 1
     assert _sum(telemetry, names.METRIC_POOL_CONNECTIONS, **{
@@ -211,7 +211,7 @@ async def test_metric_attribute_sets_are_exactly_the_designed_ones(
             await response.read()
 
     await asyncio.gather(*(one(i) for i in range(6)))
-    _pool_trace.sync_pool_connections()
+    sync_pool_connections()
     for metric, allowed in _METRIC_KEYS.items():
         points = telemetry.metric_points(metric)
         assert points, metric

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gym_obs.client import _sessions
-from gym_obs.client._retry import MIN_RETRY_DELAY_S, RetriesExhaustedError, TransportFailure
+from gym_obs.client import MIN_RETRY_DELAY_S, RetriesExhaustedError, TransportFailure, _sessions
 from gym_obs.client.http_client import (
     GlobalAIOHTTPAsyncClientConfig,
     close_global_aiohttp_client,
@@ -65,7 +64,7 @@ async def test_every_retry_waits_at_least_the_floor_even_with_an_unchecked_zero_
 
 _AGENT = """
     import asyncio, json, sys
-    from gym_obs.client.server_client import ServerClient
+    from gym_obs.client import ServerClient
 
     async def main() -> None:
         client = ServerClient.load_from_global_config()

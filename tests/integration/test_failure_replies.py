@@ -216,6 +216,22 @@ async def test_complete_body_wins_over_truncated_header(
     assert failure_report_for(info.value).events.keys() == report.events.keys()
 
 
+async def test_one_report_is_read_the_header_not_at_all_when_the_body_names_the_final_failure(
+    server: WebServer, session: aiohttp.ClientSession
+) -> None:
+    report = failure_report_for(_verifier_failure(extra_causes=2))
+    other = failure_report_for(NgFailureEvent("judge_failed", "another hop's failure", boundary="agent"))
+    assert not other.events.keys() & report.events.keys()
+    body = orjson.dumps({FAILURE_REPORT_BODY_KEY: report.to_payload()})
+    server.reply = Reply(500, {FAILURE_REPORT_HEADER: encode_failure_report(other)}, body)
+    with request_failure_log() as log, pytest.raises(NgFailureEvent) as info:
+        await _call(session, server.url())
+    assert info.value.event_id == report.failure_id
+    # Only the body's report was decoded: the (different) header report reached neither the raised
+    # failure nor the request's failure log.
+    assert log.events.keys() == report.events.keys()
+
+
 # --- no valid remote failure: exactly what raise_for_status raises ---------------------------------------
 
 

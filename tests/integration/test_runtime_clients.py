@@ -20,8 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gym_obs.client.server_client import ServerClient
-from gym_obs.client.server_urls import get_server_url, subprocess_agent_env
+from gym_obs.client import ServerClient, get_server_url, subprocess_agent_env
 from gym_obs.config import GlobalConfig, parse_global_config
 from gym_obs.server.launcher import Launch, launch
 from gym_obs.telemetry import names
@@ -132,7 +131,7 @@ async def test_subprocess_agent_given_only_two_variables_reaches_the_model(
     agent = textwrap.dedent(
         """
         import json, os, urllib.request
-        from gym_obs.client.server_urls import get_server_url
+        from gym_obs.client import get_server_url
         assert "GYM_OBS_GLOBAL_CONFIG" not in os.environ
         url = get_server_url("model") + "/v1/responses"
         body = json.dumps({"input": "from child"}).encode()

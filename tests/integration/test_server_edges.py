@@ -29,8 +29,8 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 from pydantic import BaseModel
 
+from gym_obs.client import HeadServerUnavailableError, ServerClient
 from gym_obs.client.http_client import close_global_aiohttp_client
-from gym_obs.client.server_client import HeadServerUnavailableError, ServerClient
 from gym_obs.config import GlobalConfig, HeadServerConfig, parse_global_config
 from gym_obs.failures import FAILURE_REPORT_BODY_KEY, FailureReport, NgFailureEvent
 from gym_obs.server import SESSION_ID_KEY, SimpleServer

@@ -18,9 +18,9 @@ import aiohttp
 import orjson
 import pytest
 
+from gym_obs.client import HeadServerUnavailableError, ServerClient
 from gym_obs.client.boundary import raise_boundary_failure
 from gym_obs.client.http_client import close_global_aiohttp_client
-from gym_obs.client.server_client import HeadServerUnavailableError, ServerClient
 from gym_obs.config import GlobalConfig, HeadServerConfig, parse_global_config
 from gym_obs.failures import ForeignFailure, NgFailureEvent, decode_failure_report
 from gym_obs.server.launcher import Launch, launch

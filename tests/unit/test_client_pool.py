@@ -6,10 +6,10 @@ import socket
 
 import pytest
 
+from gym_obs.client import GlobalAIOHTTPAsyncClientConfig
 from gym_obs.client.pool import (
     UVICORN_DEFAULT_KEEPALIVE_SECONDS,
     WORKERS_ENV,
-    GlobalAIOHTTPAsyncClientConfig,
     capacity_report,
     effective_limits,
     ephemeral_port_range,

@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 from yarl import URL
 
-from gym_obs.client._pool_trace import pool_trace_config
+from gym_obs.client import pool_trace_config
 from gym_obs.telemetry import names
 from gym_obs.telemetry.testing import Capture, MetricPoint
 

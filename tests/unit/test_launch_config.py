@@ -41,7 +41,7 @@ def test_launch_rejects_a_bad_config_before_starting_anything(config: object, me
 
 
 def test_the_head_server_address_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gym_obs.client.server_client import head_server_from_environment
+    from gym_obs.client import head_server_from_environment
     from gym_obs.server.top import head_url_for
 
     monkeypatch.delenv("GYM_OBS_HEAD_SERVER", raising=False)

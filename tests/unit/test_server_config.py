@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gym_obs.client.server_client import ServerClient, global_config_from_environment
+from gym_obs.client import ServerClient, global_config_from_environment
 from gym_obs.config import ConfigError, GlobalConfig, load_global_config, parse_global_config
 from gym_obs.telemetry import names
 

@@ -10,6 +10,10 @@ a slot under ``limit``/``limit_per_host`` (counting slots already promised to wo
 *arrival number*, and every released connection is promised to the earliest queued request it can serve.
 A logical request keeps its arrival number across retries (``request()`` sets :data:`ARRIVAL`), so a
 retry is not sent to the back. Unlimited pools skip the gate entirely.
+
+This is also the one module that reads aiohttp's connector bookkeeping (``_acquired``, ``_conns``,
+``_limit``...): aiohttp has no public API for the counts a fair gate and a connections gauge need, so every
+such read is here, behind :func:`connections_in_use` and :func:`connection_counts`.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ if TYPE_CHECKING:
     from aiohttp.client_reqrep import ClientRequest, ConnectionKey
     from aiohttp.tracing import Trace
 
-__all__ = ["ARRIVAL", "FairTCPConnector", "next_arrival"]
+__all__ = ["ARRIVAL", "FairTCPConnector", "connection_counts", "connections_in_use", "next_arrival"]
 
 ARRIVAL: Final[ContextVar[int | None]] = ContextVar("gym_obs_pool_arrival", default=None)
 """The arrival number of the logical request being sent (set once per ``request()``, kept by retries)."""
@@ -50,14 +54,14 @@ class FairTCPConnector(aiohttp.TCPConnector):
         self._fair_ties = itertools.count()
         self._promised: dict[ConnectionKey, int] = {}
         self.promised_total = 0
-        self._gated = bool(self._limit or self._limit_per_host)
+        self._gated = bool(self.limit or self.limit_per_host)
 
     def _slot_free(self, key: ConnectionKey) -> bool:
         """A connection may be taken for ``key`` now (slots promised to woken waiters count as taken)."""
-        limit = self._limit
+        limit = self.limit
         if limit and len(self._acquired) + self.promised_total >= limit:
             return False
-        per_host = self._limit_per_host
+        per_host = self.limit_per_host
         if per_host:
             held = len(self._acquired_per_host.get(key, ())) + self._promised.get(key, 0)
             if held >= per_host:
@@ -82,7 +86,7 @@ class FairTCPConnector(aiohttp.TCPConnector):
         if not queue:
             return
         kept: list[tuple[int, int, asyncio.Future[None], ConnectionKey]] = []
-        limit = self._limit
+        limit = self.limit
         for index, entry in enumerate(queue):
             future, key = entry[2], entry[3]
             if future.done():
@@ -101,7 +105,7 @@ class FairTCPConnector(aiohttp.TCPConnector):
         arrival = ARRIVAL.get()
         if arrival is None:
             arrival = next_arrival()
-        future: asyncio.Future[None] = self._loop.create_future()
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         bisect.insort(self._fair_queue, (arrival, next(self._fair_ties), future, key))
         for trace in traces:
             await trace.send_connection_queued_start()
@@ -118,7 +122,10 @@ class FairTCPConnector(aiohttp.TCPConnector):
             await trace.send_connection_queued_end()
 
     async def connect(
-        self, req: ClientRequest, traces: list[Trace], timeout: aiohttp.ClientTimeout  # noqa: ASYNC109
+        self,
+        req: ClientRequest,
+        traces: list[Trace],
+        timeout: aiohttp.ClientTimeout,  # noqa: ASYNC109
     ) -> aiohttp.connector.Connection:
         if not self._gated:
             return await super().connect(req, traces, timeout)
@@ -151,3 +158,21 @@ class FairTCPConnector(aiohttp.TCPConnector):
             if not entry[2].done():
                 entry[2].set_exception(aiohttp.ClientConnectionError("Connector is closed."))
         return super()._close(*args, **kwargs)
+
+
+def connections_in_use(connector: aiohttp.BaseConnector) -> int:
+    """Connections handed out by ``connector`` (being opened included) plus slots promised to woken
+    waiters: what a new request competes with. Reads aiohttp's private ``_acquired`` (no public count)."""
+    return len(connector._acquired) + getattr(connector, "promised_total", 0)
+
+
+def connection_counts(connector: aiohttp.BaseConnector) -> tuple[int, int]:
+    """(active, idle) connections of ``connector``. aiohttp has no public accessor, so this reads its
+    bookkeeping defensively: ``_acquired`` (handed out, including ones being opened) and ``_conns``
+    (idle, per key). Any shape change yields (0, 0) rather than an error."""
+    try:
+        active = len(connector._acquired)
+        idle = sum(len(conns) for conns in list(connector._conns.values()))
+    except (AttributeError, TypeError, RuntimeError):
+        return 0, 0
+    return active, idle

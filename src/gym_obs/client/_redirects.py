@@ -20,10 +20,9 @@ from yarl import URL
 from gym_obs.telemetry import names
 from gym_obs.telemetry.propagation import should_propagate
 
-__all__ = ["DEFAULT_MAX_REDIRECTS", "REDIRECT_STATUSES", "follow_redirects"]
+__all__ = ["REDIRECT_STATUSES", "follow_redirects"]
 
 REDIRECT_STATUSES: Final = frozenset({301, 302, 303, 307, 308})
-DEFAULT_MAX_REDIRECTS: Final = 10  # aiohttp's default
 
 _PROPAGATION_HEADERS: Final = (
     names.TRACEPARENT_HEADER, "tracestate", "baggage", names.SESSION_HEADER, names.ROLLOUT_ID_HEADER
@@ -117,6 +116,7 @@ async def follow_redirects(
         current = target
         response = await session.request(method, target, **hop_kwargs)
     if history:
+        # aiohttp fills ``history`` only when it follows redirects itself; there is no public setter.
         with contextlib.suppress(AttributeError):
             response._history = tuple(history)
     return response

@@ -1,9 +1,13 @@
-"""Retry policy of ``request()``: which failures are retried, how often, how long, and what gets logged.
+"""Retry policy of ``request()``: which failures are retried, how often and how long.
 
 Every retry path ends: connection-level failures by ``_max_connection_retries`` or the elapsed budget
 (``global_aiohttp_max_retry_seconds``), other errors after ``MAX_NUM_TRIES`` attempts on external calls or
 the budget on internal ones, and ``_max_num_tries`` caps them all. Retries are connection-level only: an
 HTTP reply, whatever its status, is returned to the caller and never re-sent.
+
+Pure decisions only: no I/O, no logging, no module state. The policy is built from the request's
+options and the pool config it is given (``Policy.from_options``); the attempt loop (``_send``) does the
+sleeping, logging and telling.
 """
 
 from __future__ import annotations
@@ -13,20 +17,22 @@ import errno
 import random
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Final, Literal
 
 import aiohttp
 
-from gym_obs.client._sessions import current_config
+from gym_obs.client._options import RequestOptions
+from gym_obs.config import GlobalAIOHTTPAsyncClientConfig
 from gym_obs.telemetry import names
-from gym_obs.telemetry.logging import get_logger
 
 __all__ = [
-    "LOG_EVERY_NTH_RETRY",
     "MAX_NUM_TRIES",
     "MIN_RETRY_DELAY_S",
+    "Classification",
+    "Decision",
+    "Policy",
     "RetriesExhaustedError",
-    "TransportFailure",
+    "RetryTracker",
     "backoff_seconds",
     "classify_failure",
     "transport_failure_kind",
@@ -39,29 +45,26 @@ that needs more is a server to fix."""
 MIN_RETRY_DELAY_S: Final = 0.001
 """The shortest wait before any re-send (the config's smallest backoff base): a floor under the jitter."""
 
-LOG_EVERY_NTH_RETRY: Final = 10
-"""After the first retry of a request (logged at once), every Nth retry logs a summary line."""
-
 Category = Literal["connect", "dropped", "other"]
 """``connect``: no connection was made, re-sending is always safe. ``dropped``: an established connection
 broke. ``other``: anything else worth another try (read timeouts, payload errors)."""
 
-_log = get_logger("gym_obs.client")
-
 
 @dataclass(frozen=True, slots=True)
-class _Failure:
+class Classification:
+    """What kind of failure an attempt's exception is, for the retry decision and the telemetry."""
+
     reason: str  # one of names.RETRY_REASONS
     category: Category
 
 
-_CONNECT_REFUSED: Final = _Failure(names.RETRY_REASON_CONNECTION_REFUSED, "connect")
-_CONNECT_OS: Final = _Failure(names.RETRY_REASON_CLIENT_OS_ERROR, "connect")
-_CONNECT_TIMEOUT: Final = _Failure(names.RETRY_REASON_TIMEOUT, "connect")
-_DROPPED_DISCONNECT: Final = _Failure(names.RETRY_REASON_SERVER_DISCONNECTED, "dropped")
-_DROPPED_OS: Final = _Failure(names.RETRY_REASON_CLIENT_OS_ERROR, "dropped")
-_OTHER_TIMEOUT: Final = _Failure(names.RETRY_REASON_TIMEOUT, "other")
-_OTHER: Final = _Failure(names.RETRY_REASON_OTHER, "other")
+_CONNECT_REFUSED: Final = Classification(names.RETRY_REASON_CONNECTION_REFUSED, "connect")
+_CONNECT_OS: Final = Classification(names.RETRY_REASON_CLIENT_OS_ERROR, "connect")
+_CONNECT_TIMEOUT: Final = Classification(names.RETRY_REASON_TIMEOUT, "connect")
+_DROPPED_DISCONNECT: Final = Classification(names.RETRY_REASON_SERVER_DISCONNECTED, "dropped")
+_DROPPED_OS: Final = Classification(names.RETRY_REASON_CLIENT_OS_ERROR, "dropped")
+_OTHER_TIMEOUT: Final = Classification(names.RETRY_REASON_TIMEOUT, "other")
+_OTHER: Final = Classification(names.RETRY_REASON_OTHER, "other")
 
 # Failures that another attempt cannot fix: certificates, fingerprints, bad URLs, HTTP-level errors.
 _NEVER_RETRIED: Final = (
@@ -73,7 +76,7 @@ _NEVER_RETRIED: Final = (
 )
 
 
-def classify_failure(err: BaseException) -> _Failure | None:
+def classify_failure(err: BaseException) -> Classification | None:
     """Map an attempt's exception to a retry reason and category; None means never retry it (it is a
     programming or configuration error, or an HTTP-level error, that another attempt cannot fix)."""
     if isinstance(err, _NEVER_RETRIED):
@@ -123,29 +126,6 @@ def backoff_seconds(retry: int, base: float, cap: float, rand: float | None = No
     return ceiling * (random.random() if rand is None else rand)
 
 
-@dataclass(frozen=True, slots=True)
-class TransportFailure:
-    """One failed attempt, as given to ``request(..., _on_transport_failure=hook)``.
-
-    ``will_retry`` False means this error (or ``RetriesExhaustedError`` chained to it) is about to be
-    raised to the caller; True means a later attempt may still recover it (the case a server reports as a
-    recovered failure through ``gym_obs.failures.transport.observe_failure``).
-    """
-
-    error: BaseException
-    attempt: int
-    reason: str
-    body_uploaded: bool
-    will_retry: bool
-    backoff_s: float
-    elapsed_s: float
-    destination: str  # redacted URL
-
-    @property
-    def failure_kind(self) -> str:
-        return transport_failure_kind(self.reason, self.error)
-
-
 class RetriesExhaustedError(aiohttp.ClientError):
     """A request's retries ran out (attempt limit or time budget). The last attempt's error is chained
     as ``__cause__``; the message says how many attempts over how long."""
@@ -180,7 +160,7 @@ class RetriesExhaustedError(aiohttp.ClientError):
 
 @dataclass(slots=True)
 class Policy:
-    """The retry knobs of one ``request()`` call (resolved from its arguments and the pool config)."""
+    """The retry knobs of one ``request()`` call: its options resolved against the pool config."""
 
     internal: bool
     max_connection_retries: int | None
@@ -191,29 +171,27 @@ class Policy:
     backoff_base_s: float
     backoff_cap_s: float
 
+    @classmethod
+    def from_options(cls, options: RequestOptions, cfg: GlobalAIOHTTPAsyncClientConfig) -> Policy:
+        """The policy of one request: its options plus the pool config's budget and backoff."""
+        return cls(
+            internal=options.internal,
+            max_connection_retries=options.max_connection_retries,
+            max_num_tries=options.max_num_tries,
+            resend_after_disconnect=options.resend_after_disconnect,
+            retry_other_errors=options.retry_other_errors,
+            budget_s=cfg.global_aiohttp_max_retry_seconds,
+            backoff_base_s=cfg.global_aiohttp_retry_backoff_base_seconds,
+            backoff_cap_s=cfg.global_aiohttp_retry_backoff_cap_seconds,
+        )
 
-RetryArgs = tuple[bool, "int | None", "int | None", bool, bool]
-"""``request()``'s retry arguments, in order: internal, max_connection_retries, max_num_tries,
-resend_after_disconnect, retry_other_errors (a tuple: built on every request, read only after a failure)."""
 
-
-def policy_for(args: RetryArgs) -> Policy:
-    """The policy of one request: its retry arguments plus the pool config's budget and backoff."""
-    cfg = current_config()
-    return Policy(
-        internal=args[0],
-        max_connection_retries=args[1],
-        max_num_tries=args[2],
-        resend_after_disconnect=args[3],
-        retry_other_errors=args[4],
-        budget_s=cfg.global_aiohttp_max_retry_seconds,
-        backoff_base_s=cfg.global_aiohttp_retry_backoff_base_seconds,
-        backoff_cap_s=cfg.global_aiohttp_retry_backoff_cap_seconds,
-    )
 
 
 @dataclass(slots=True)
 class Decision:
+    """Re-send after ``backoff_s``, or stop (``exhausted_by`` names the limit that stopped it)."""
+
     retry: bool
     backoff_s: float = 0.0
     exhausted_by: str | None = None  # set when a limit (not the error's nature) stopped the retries
@@ -223,7 +201,7 @@ _NO_RETRY: Final = Decision(retry=False)
 
 
 class RetryTracker:
-    """Per-request retry bookkeeping: counts, the decision for each failure, and the log lines."""
+    """Per-request retry bookkeeping: attempt and retry counts, failures by reason, the decisions."""
 
     __slots__ = (
         "_conn_retries", "_other_failures", "attempts", "destination", "method", "reasons", "retries"
@@ -239,7 +217,7 @@ class RetryTracker:
         self.reasons: Counter[str] = Counter()
 
     def decide(
-        self, failure: _Failure | None, uploaded: bool, elapsed_s: float, policy: Policy
+        self, failure: Classification | None, uploaded: bool, elapsed_s: float, policy: Policy
     ) -> Decision:
         """Whether to re-send after this attempt's failure, and after how long."""
         if failure is None:
@@ -266,7 +244,8 @@ class RetryTracker:
         # The last wait is cut to what is left of the budget, so the final attempt starts inside it.
         # Full jitter can draw 0; the floor keeps any policy (even one built without the config's checks)
         # from turning a refused port into a connect storm.
-        backoff = backoff_seconds(self.retries + 1, policy.backoff_base_s, policy.backoff_cap_s)
+        self.retries += 1
+        backoff = backoff_seconds(self.retries, policy.backoff_base_s, policy.backoff_cap_s)
         return Decision(True, min(max(backoff, MIN_RETRY_DELAY_S), remaining))
 
     def exhausted_error(
@@ -281,53 +260,3 @@ class RetryTracker:
             type(err).__qualname__,
             dict(self.reasons),
         )
-
-    def log_retry(self, err: BaseException, reason: str, backoff_s: float, elapsed_s: float) -> None:
-        """First retry of a request: logged at once. Later ones: every Nth, as a summary (never silent)."""
-        self.retries += 1
-        n = self.retries
-        if n == 1:
-            _log.warning(
-                "request_retry",
-                method=self.method,
-                destination=self.destination,
-                reason=reason,
-                error=_error_text(err),
-                attempt=self.attempts,
-                backoff_s=round(backoff_s, 3),
-            )
-        elif n % LOG_EVERY_NTH_RETRY == 0:
-            _log.warning(
-                "request_still_retrying",
-                method=self.method,
-                destination=self.destination,
-                retries=n,
-                elapsed_s=round(elapsed_s, 3),
-                reasons=dict(self.reasons),
-                last_error=_error_text(err),
-            )
-
-    def log_end(self, outcome: str, elapsed_s: float, **extra: Any) -> None:
-        """Summary line for a request that was retried (``recovered`` or ``gave_up``)."""
-        if self.retries == 0:
-            return
-        log = _log.info if outcome == "recovered" else _log.warning
-        log(
-            "request_retries_summary",
-            outcome=outcome,
-            method=self.method,
-            destination=self.destination,
-            attempts=self.attempts,
-            elapsed_s=round(elapsed_s, 3),
-            reasons=dict(self.reasons),
-            **extra,
-        )
-
-
-def _error_text(err: BaseException) -> str:
-    from gym_obs.telemetry.redaction import scrub_text
-
-    text = str(err)
-    if len(text) > 300:
-        text = text[:300] + "…"
-    return f"{type(err).__qualname__}: {scrub_text(text)}" if text else type(err).__qualname__

@@ -1,4 +1,9 @@
-"""The process-wide data and control ``ClientSession``s, one set per event loop, closed on that loop.
+"""Client process state, all of it: the pool config, the per-loop sessions and the connector list.
+
+This is the only client module with state; every other client module gets what it needs from here as an
+argument or a return value.
+
+The process-wide data and control ``ClientSession``s are one set per event loop, closed on that loop.
 
 A session belongs to the loop it was created on (its connector's sockets and timers live there), so the
 registry is keyed by loop: a second loop (another thread, a later ``asyncio.run``) gets its own sessions
@@ -6,20 +11,30 @@ instead of a session that would fail with "attached to a different loop".
 
 Each pool is one ``TCPConnector`` shared by two sessions: a plain one (no trace config: what ``request()``
 uses while telemetry is off, so "off" costs aiohttp nothing) and a traced one carrying the pool-wait
-trace config. Both see the same connections and the same limits.
+trace config. Both see the same connections and the same limits. Every live connector is in one list
+that the connections gauge reads (:func:`sync_pool_connections`, and a background task per loop).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import threading
 import weakref
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Final, TypeVar
 
 import aiohttp
 
-from gym_obs.client import _pool_trace
+from gym_obs.client._fair_connector import connections_in_use
+from gym_obs.client._pool_metrics import (
+    ConnectionsGauge,
+    pool_trace_config,
+    request_debug_trace_config,
+    run_gauge_sync,
+)
 from gym_obs.client.pool import CapacityReport, PoolName, capacity_report, make_connector
 from gym_obs.config import GlobalAIOHTTPAsyncClientConfig
 from gym_obs.telemetry import names
@@ -27,14 +42,24 @@ from gym_obs.telemetry._state import STATE
 from gym_obs.telemetry.logging import get_logger
 
 __all__ = [
-    "close_loop_sessions",
+    "GAUGE_SYNC_INTERVAL_S",
+    "MAX_RESPONSE_FIELD_BYTES",
+    "Pool",
+    "close_global_aiohttp_client",
     "configure",
+    "configure_global_aiohttp_client",
     "current_config",
-    "forget_dead_loops",
-    "is_setup",
+    "default_server_client",
+    "get_global_aiohttp_client",
+    "get_global_aiohttp_control_client",
+    "is_global_aiohttp_client_request_debug_enabled",
+    "is_global_aiohttp_client_setup",
     "pool_for",
-    "session_for",
+    "set_global_aiohttp_client",
+    "sync_pool_connections",
 ]
+
+_T = TypeVar("_T")
 
 _log = get_logger("gym_obs.client")
 
@@ -48,7 +73,9 @@ failure header than gym_obs ever emits must not cost the caller the real status 
 
 
 @dataclass(slots=True)
-class _Pool:
+class Pool:
+    """One pool of one loop: its connector and the plain and traced sessions over it."""
+
     name: PoolName
     connector: aiohttp.TCPConnector
     plain: aiohttp.ClientSession
@@ -70,13 +97,12 @@ class _Pool:
         happens without suspending after this check, so no other request can take the last slot between.
         """
         threshold = self.wait_threshold
-        in_use = len(self.connector._acquired) + getattr(self.connector, "promised_total", 0)
-        if threshold and in_use >= threshold:
+        if threshold and connections_in_use(self.connector) >= threshold:
             return self.traced
         return self.plain
 
     async def close(self) -> None:
-        _pool_trace.unregister_connector(self.connector, self.name)
+        _forget_connector(self.connector, self.name)
         await self.plain.close()
         await self.traced.close()
         await self.connector.close()
@@ -85,10 +111,10 @@ class _Pool:
 @dataclass(slots=True)
 class _LoopSessions:
     loop: asyncio.AbstractEventLoop
-    data: _Pool | None = None
-    control: _Pool | None = None
+    data: Pool | None = None
+    control: Pool | None = None
     gauge_task: asyncio.Task[None] | None = None
-    pools: list[_Pool] = field(default_factory=list)
+    pools: list[Pool] = field(default_factory=list)
     sources: list[tuple[aiohttp.BaseConnector, str]] = field(default_factory=list)
 
 
@@ -99,6 +125,34 @@ _reported = False
 _by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopSessions] = weakref.WeakKeyDictionary()
 # The last loop's sessions: one identity check on the hot path instead of a dictionary lookup.
 _current: _LoopSessions | None = None
+# The connections gauge, over the connector list: each loop's ``_LoopSessions.sources`` (its own task
+# syncs them; sync_pool_connections() syncs every loop's).
+_GAUGE: Final = ConnectionsGauge()
+# The ServerClient get_server_url() loads once per process (typed by its caller: servers.py is above).
+_server_client: object = None
+_server_client_lock = threading.Lock()  # held while loading (blocking): not the sessions' lock
+
+
+def _forget_connector(connector: aiohttp.BaseConnector, pool: str) -> None:
+    """Report ``connector`` as gone: its series drop to zero."""
+    _GAUGE.sync(connector, pool, closing=True)
+
+
+def sync_pool_connections() -> None:
+    """Bring ``gym.client.pool.connections`` up to date with every live pool's connector now."""
+    with _lock:
+        sources = [source for sessions in _by_loop.values() for source in sessions.sources]
+    for connector, pool in sources:
+        _GAUGE.sync(connector, pool)
+
+
+def default_server_client(load: Callable[[], _T]) -> _T:
+    """The process's default ServerClient, loaded once by ``load`` (blocking) on first use."""
+    global _server_client
+    with _server_client_lock:
+        if _server_client is None:
+            _server_client = load()
+        return _server_client  # type: ignore[return-value]
 
 
 def configure(cfg: GlobalAIOHTTPAsyncClientConfig, workers: int | None = None) -> CapacityReport:
@@ -143,7 +197,7 @@ def _loop_sessions(create: bool) -> _LoopSessions | None:
     return found
 
 
-def _make_pool(name: PoolName) -> _Pool:
+def _make_pool(name: PoolName) -> Pool:
     cfg = current_config()
     _log_capacity_once()
     connector = make_connector(cfg, name, workers=_workers)
@@ -165,20 +219,17 @@ def _make_pool(name: PoolName) -> _Pool:
         )
         # aiohttp silently re-sends idempotent requests (PUT/DELETE too) once after a dropped persistent
         # connection. request() owns retries: it must count them, trace them and never replay a request
-        # whose upload completed when the caller said so.
+        # whose upload completed when the caller said so. aiohttp has no public switch for this: the
+        # private attribute is set here, and only here.
         if hasattr(s, "_retry_connection"):
             s._retry_connection = False
         return s
 
-    debug = [_pool_trace.request_debug_trace_config()] if cfg.global_aiohttp_client_request_debug else []
-    pool = _Pool(
-        name, connector, session(debug or None), session([*debug, _pool_trace.pool_trace_config(name)])
-    )
-    _pool_trace.register_connector(connector, name)
-    return pool
+    debug = [request_debug_trace_config()] if cfg.global_aiohttp_client_request_debug else []
+    return Pool(name, connector, session(debug or None), session([*debug, pool_trace_config(name)]))
 
 
-def pool_for(control: bool) -> _Pool:
+def pool_for(control: bool) -> Pool:
     """The current loop's data or control pool, created on first use."""
     sessions = _current
     if sessions is None or sessions.loop is not asyncio.get_running_loop():
@@ -195,19 +246,19 @@ def pool_for(control: bool) -> _Pool:
         sessions.sources.append((pool.connector, pool.name))
         if sessions.gauge_task is None:
             sessions.gauge_task = sessions.loop.create_task(
-                _pool_trace.run_gauge_sync(sessions.sources, GAUGE_SYNC_INTERVAL_S),
+                run_gauge_sync(_GAUGE, sessions.sources, GAUGE_SYNC_INTERVAL_S),
                 name="gym_obs.pool_gauge_sync",
             )
     return pool
 
 
-def session_for(control: bool) -> aiohttp.ClientSession:
+def _session_for(control: bool) -> aiohttp.ClientSession:
     """The session direct callers should use now: traced while telemetry is on, plain while it is off."""
     pool = pool_for(control)
     return pool.traced if STATE.enabled else pool.plain
 
 
-def is_setup() -> bool:
+def _is_setup() -> bool:
     """True when the running loop (or, outside a loop, any live loop) has an open data session."""
     try:
         sessions = _loop_sessions(create=False)
@@ -218,7 +269,7 @@ def is_setup() -> bool:
     return sessions is not None and sessions.data is not None
 
 
-async def close_loop_sessions() -> None:
+async def _close_loop_sessions() -> None:
     """Close the running loop's sessions (on this loop, as aiohttp requires)."""
     global _current
     loop = asyncio.get_running_loop()
@@ -241,7 +292,7 @@ async def _close(sessions: _LoopSessions) -> None:
         await pool.close()
 
 
-def forget_dead_loops() -> None:
+def _forget_dead_loops() -> None:
     """Drop the sessions of loops that have been closed: they can never be used or closed again (aiohttp
     needs their loop), and keeping them would keep their connectors in the connections gauge."""
     global _current
@@ -253,4 +304,92 @@ def forget_dead_loops() -> None:
             _current = None
     for _, sessions in dead:
         for pool in sessions.pools:
-            _pool_trace.unregister_connector(pool.connector, pool.name)
+            _forget_connector(pool.connector, pool.name)
+
+
+# --- the public session API (re-exported by gym_obs.client and gym_obs.client.http_client) ---------------
+
+
+def _validated(cfg: object, workers: object) -> GlobalAIOHTTPAsyncClientConfig:
+    """``cfg`` checked before anything is stored: a bad config must fail here, at the call that set it,
+    never later in every request. A mapping is validated into the model; a model is re-validated (one
+    built with ``model_construct`` skipped its checks); the retry budget must be finite."""
+    if isinstance(cfg, GlobalAIOHTTPAsyncClientConfig):
+        cfg = GlobalAIOHTTPAsyncClientConfig.model_validate(cfg.model_dump())
+    elif isinstance(cfg, Mapping):
+        cfg = GlobalAIOHTTPAsyncClientConfig.model_validate(dict(cfg))
+    else:
+        raise TypeError(
+            "cfg must be a GlobalAIOHTTPAsyncClientConfig (or a mapping of its fields), "
+            f"not {type(cfg).__name__}"
+        )
+    assert isinstance(cfg, GlobalAIOHTTPAsyncClientConfig)
+    if not math.isfinite(cfg.global_aiohttp_max_retry_seconds):
+        raise ValueError("global_aiohttp_max_retry_seconds must be finite: every retry path must end")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise ValueError(f"workers must be a positive int or None, not {workers!r}")
+    return cfg
+
+
+def configure_global_aiohttp_client(
+    cfg: GlobalAIOHTTPAsyncClientConfig, *, workers: int | None = None
+) -> CapacityReport:
+    """Set the pool config for sessions created from now on (no event loop needed); logs the capacity
+    report and returns it. ``workers`` defaults to ``WEB_CONCURRENCY``. Raises ``TypeError`` or
+    ``ValueError`` (pydantic's ``ValidationError``) for a bad config, which is then not used."""
+    return configure(_validated(cfg, workers), workers)
+
+
+def set_global_aiohttp_client(
+    cfg: GlobalAIOHTTPAsyncClientConfig, *, workers: int | None = None
+) -> aiohttp.ClientSession:
+    """Configure the pools and create this loop's data session now (call from the running loop).
+
+    Raises RuntimeError when this loop already has sessions: ``await close_global_aiohttp_client()``
+    first, so that two configurations never silently coexist; ``TypeError``/``ValueError`` for a bad
+    config (nothing is changed then).
+    """
+    cfg = _validated(cfg, workers)
+    asyncio.get_running_loop()
+    if _is_setup():
+        raise RuntimeError(
+            "the global aiohttp client is already set up on this event loop; "
+            "await close_global_aiohttp_client() before setting a new one"
+        )
+    configure(cfg, workers)
+    return _session_for(control=False)
+
+
+def get_global_aiohttp_client() -> aiohttp.ClientSession:
+    """The running loop's data-pool session (created on first use with the configured or default config).
+
+    It is the traced session while telemetry is on and the plain one while it is off; both share one
+    connector. Prefer ``request()``, which adds retries, spans and propagation.
+    """
+    return _session_for(control=False)
+
+
+def get_global_aiohttp_control_client() -> aiohttp.ClientSession:
+    """The running loop's control-pool session (health checks, head server; finite default timeout)."""
+    return _session_for(control=True)
+
+
+def is_global_aiohttp_client_setup() -> bool:
+    """Whether the running loop (outside a loop: any live loop) has an open global data session."""
+    return _is_setup()
+
+
+def is_global_aiohttp_client_request_debug_enabled() -> bool:
+    """Whether ``global_aiohttp_client_request_debug`` is set: every HTTP exchange of the global sessions
+    is then logged (``client_request_debug``: method, redacted URL, scrubbed headers, status or error)."""
+    return current_config().global_aiohttp_client_request_debug
+
+
+async def close_global_aiohttp_client() -> None:
+    """Close the running loop's sessions, on this loop (other live loops keep theirs: each closes its
+    own). Sessions left behind by loops that have ended are forgotten.
+
+    The config is kept: the next ``get_global_aiohttp_client()`` creates fresh sessions with it.
+    """
+    _forget_dead_loops()
+    await _close_loop_sessions()

@@ -1,8 +1,12 @@
 """raise_boundary_failure: turn a gym server's failure reply back into the failure it reported.
 
-The report (header, or ``{"ng_failure_report": …}`` in a JSON error body) is hostile until validated; if it
-is not valid or names no final failure, the caller gets exactly what :func:`raise_for_status` raises, so an
-invalid report can never hide the original HTTP status and body.
+The report (``{"ng_failure_report": …}`` in a JSON error body, else the ``X-NG-Failure-Report`` header) is
+hostile until validated; if it is not valid or names no final failure, the caller gets exactly what
+:func:`raise_for_status` raises, so an invalid report can never hide the original HTTP status and body.
+
+One report per reply is decoded and validated, once: the body's when it names a final failure (it is the
+complete one), else the header's (the same report, maybe truncated to fit a header). The header is only
+decoded when the body has no usable report.
 """
 
 from __future__ import annotations
@@ -82,16 +86,16 @@ def report_from_reply_body(body: bytes | str | None) -> FailureReport | None:
 
 
 def _remote_failure(response: aiohttp.ClientResponse, body: bytes | None) -> NgFailureEvent | None:
-    """The final failure of the body's report (complete) or else the header's (maybe truncated)."""
-    from_body = report_from_reply_body(body)
-    from_header = report_from_reply_header(response)
+    """The final failure of the body's report (complete) or else of the header's (maybe truncated); each
+    report that is read is merged into the current request's failure log."""
     log = current_failure_log()
-    chosen: FailureReport | None = None
-    for report in (from_body, from_header):
-        if report is None:
-            continue
-        if log is not None:
+    report = report_from_reply_body(body)
+    if report is not None and log is not None:
+        log.merge(report)
+    if report is None or report.failure_id is None:
+        report = report_from_reply_header(response)
+        if report is not None and log is not None:
             log.merge(report)
-        if chosen is None and report.failure_id is not None:
-            chosen = report
-    return None if chosen is None else rebuild_failure(chosen)
+    if report is None or report.failure_id is None:
+        return None
+    return rebuild_failure(report)

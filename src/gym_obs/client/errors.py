@@ -138,7 +138,11 @@ async def read_error_body(
     response: aiohttp.ClientResponse, content: bytes | str | None = None
 ) -> bytes | None:
     """At most ``MAX_ERROR_BODY_BYTES`` of the body; a read error keeps what arrived. Never raises
-    (except cancellation). Releases the reply unless it is used as a context manager."""
+    (except cancellation). Releases the reply unless it is used as a context manager.
+
+    aiohttp has no public way to ask whether a body was already read (``read()`` would read it all,
+    unbounded) or whether the reply is inside ``async with``: its private ``_body`` and ``_in_context``
+    are read here, and only here, defensively."""
     try:
         if content is not None:
             data = content.encode("utf-8", "replace") if isinstance(content, str) else bytes(content)

@@ -1,7 +1,7 @@
 """Connection pools: connector factory, TCP keepalive, per-worker limits and the start-up capacity report.
 
-Pool exhaustion looks exactly like a slow backend unless it is measured, so this module also re-exports the
-pool-wait telemetry (``pool_trace_config``) built on aiohttp's connection-queue trace signals.
+Pool exhaustion looks exactly like a slow backend unless it is measured: ``_pool_metrics`` builds the
+pool-wait telemetry on aiohttp's connection-queue trace signals for the connectors made here.
 
 Why these defaults:
 
@@ -24,7 +24,6 @@ from typing import Final, Literal
 import aiohttp
 
 from gym_obs.client._fair_connector import FairTCPConnector
-from gym_obs.client._pool_trace import pool_trace_config, sync_pool_connections
 from gym_obs.config import GlobalAIOHTTPAsyncClientConfig
 from gym_obs.telemetry import names
 
@@ -33,7 +32,6 @@ __all__ = [
     "WORKERS_ENV",
     "CapacityReport",
     "EffectiveLimits",
-    "GlobalAIOHTTPAsyncClientConfig",
     "PoolLimits",
     "PoolName",
     "capacity_report",
@@ -42,8 +40,6 @@ __all__ = [
     "keepalive_socket_factory",
     "make_connector",
     "nofile_soft_limit",
-    "pool_trace_config",
-    "sync_pool_connections",
     "worker_count",
 ]
 

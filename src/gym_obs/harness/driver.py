@@ -21,8 +21,8 @@ from typing import Any
 import aiohttp
 from opentelemetry.trace import Span, SpanKind, Tracer
 
+from gym_obs.client import ServerClient
 from gym_obs.client.http_client import raise_boundary_failure
-from gym_obs.client.server_client import ServerClient
 from gym_obs.failures import NgFailureEvent, observe_failure, request_failure_log
 from gym_obs.harness.agent_reply import AgentReply, malformed_reply, parse_agent_reply, recovered_failures
 from gym_obs.harness.rows import RolloutResult

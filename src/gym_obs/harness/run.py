@@ -24,12 +24,12 @@ from typing import Any
 import yaml
 from rich.console import Console
 
+from gym_obs.client import HeadServerUnavailableError, ServerClient
 from gym_obs.client.http_client import (
     close_global_aiohttp_client,
     configure_global_aiohttp_client,
     get_global_aiohttp_control_client,
 )
-from gym_obs.client.server_client import HeadServerUnavailableError, ServerClient
 from gym_obs.config import ConfigError
 from gym_obs.harness.driver import Driver
 from gym_obs.harness.fault_middleware import CONTROL_PATH

@@ -20,7 +20,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--head", action="store_true", help="run the head server")
     args = parser.parse_args(argv)
 
-    from gym_obs.client.server_client import global_config_from_environment
+    from gym_obs.client import global_config_from_environment
     from gym_obs.server.uvicorn import ServerStartupError
     from gym_obs.telemetry.logging import configure_logging, get_logger
     from gym_obs.telemetry.redaction import scrub_text

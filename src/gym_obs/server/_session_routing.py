@@ -34,8 +34,8 @@ import aiohttp
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from yarl import URL
 
+from gym_obs.client import global_config_from_environment
 from gym_obs.client.http_client import get_global_aiohttp_control_client
-from gym_obs.client.server_client import global_config_from_environment
 from gym_obs.server._forward_body import ForwardedBody
 from gym_obs.server._request_limits import LimitedHttpToolsProtocol, RequestLimits, attach_request_limits
 from gym_obs.server.sessions import (

@@ -21,8 +21,8 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp
 
+from gym_obs.client import ServerClient, global_config_from_environment
 from gym_obs.client.http_client import close_global_aiohttp_client, is_global_aiohttp_client_setup
-from gym_obs.client.server_client import ServerClient, global_config_from_environment
 from gym_obs.config import GlobalConfig, ServerInstanceConfig
 from gym_obs.failures.kinds import Boundary
 from gym_obs.server._access_log import install_query_free_access_log

@@ -25,7 +25,7 @@ import yaml
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from gym_obs.client._addresses import server_base_url
+from gym_obs.client import server_base_url
 from gym_obs.config import GlobalConfig, ServerInstanceConfig
 from gym_obs.server._access_log import install_query_free_access_log
 from gym_obs.server._native_telemetry import disable_native_telemetry

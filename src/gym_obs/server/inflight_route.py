@@ -18,7 +18,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gym_obs.client._addresses import server_base_url
+from gym_obs.client import server_base_url
 from gym_obs.config import GlobalConfig
 from gym_obs.server._failure_reply import boundary_for_server_type
 from gym_obs.telemetry import inflight, names

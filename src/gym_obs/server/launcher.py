@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Final
 
 from gym_obs import _version
-from gym_obs.client._addresses import server_base_url
+from gym_obs.client import server_base_url
 from gym_obs.config import ConfigError, GlobalConfig, load_global_config, parse_global_config
 from gym_obs.server.head_server import HEAD_SERVER_NAME
 from gym_obs.server.ops import pump_output

@@ -22,8 +22,7 @@ from typing import IO, Any, Final
 
 import aiohttp
 
-from gym_obs.client._addresses import server_base_url
-from gym_obs.client.server_client import head_server_from_environment
+from gym_obs.client import head_server_from_environment, server_base_url
 from gym_obs.config import ConfigError, HeadServerConfig, load_global_config
 from gym_obs.server._failure_reply import boundary_for_server_type
 from gym_obs.server._top_render import render_text

@@ -9,7 +9,7 @@ defaults are meant for milliseconds and would put every request into the first b
 from __future__ import annotations
 
 import threading
-from typing import Final
+from typing import Any, Final
 
 from opentelemetry.metrics import Counter, Histogram, Meter, UpDownCounter
 
@@ -142,6 +142,8 @@ class AttributeCache:
 
     Labels have small fixed value sets (DESIGN.md), so the cache stays small; it is cleared if it ever
     outgrows ``max_entries`` (a caller passing unbounded values) rather than growing without limit.
+    A value may be an int (a port, a status code) or ``None``, which leaves its key out of the dict
+    (semconv attributes that only some points carry). The dicts are shared: never mutate one.
     """
 
     __slots__ = ("_cache", "_keys", "_max_entries")
@@ -149,12 +151,14 @@ class AttributeCache:
     def __init__(self, *keys: str, max_entries: int = 1024) -> None:
         self._keys = keys
         self._max_entries = max_entries
-        self._cache: dict[tuple[str, ...], dict[str, str]] = {}
+        self._cache: dict[tuple[str | int | None, ...], dict[str, Any]] = {}
 
-    def get(self, *values: str) -> dict[str, str]:
+    def get(self, *values: str | int | None) -> dict[str, Any]:
         attrs = self._cache.get(values)
         if attrs is None:
             if len(self._cache) > self._max_entries:
                 self._cache.clear()
-            attrs = self._cache[values] = dict(zip(self._keys, values, strict=True))
+            attrs = self._cache[values] = {
+                key: value for key, value in zip(self._keys, values, strict=True) if value is not None
+            }
         return attrs

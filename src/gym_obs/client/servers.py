@@ -1,10 +1,18 @@
-"""ServerClient: reach the other servers of a deployment by name.
+"""Reaching the other servers of a deployment by name: ServerClient, server URLs, bind addresses.
 
 A process started by the launcher already has the resolved global config in its environment
 (``GYM_OBS_GLOBAL_CONFIG``); any other process (a harness, a notebook) fetches it from the head server.
-Requests go through :func:`gym_obs.client.http_client.request` as internal gym calls, so they get the
+``ServerClient`` requests go through :func:`gym_obs.client.request` as internal gym calls, so they get the
 retries, the CLIENT span, trace propagation and the ``gym.server.name`` label; the current rollout id
 travels as the ``X-NG-Rollout-Id`` header (and on the span as ``gym.rollout.id``).
+
+Code that is not a gym client (third-party SDKs, subprocess agents) uses :func:`get_server_url`. A
+subprocess agent (a harness in a sandbox, a CLI tool) cannot read the global config or carry a context
+variable across ``exec``; its parent gives it two environment variables instead
+(:func:`subprocess_agent_env`): ``GYM_OBS_MODEL_SERVER_NAME`` and ``GYM_OBS_MODEL_SERVER_BASE_URL``, the
+latter already carrying the parent's ``/ng-rollout/<id>`` (and ``/ng-trace/<traceparent>``) segments.
+:func:`get_server_url` prefers that URL over any config look-up, so the child's calls land in the parent's
+rollout and trace without the child knowing about either.
 """
 
 from __future__ import annotations
@@ -14,13 +22,13 @@ import json
 import os
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from typing import Any, Final, Literal
 
 import aiohttp
 
-from gym_obs.client._addresses import connectable_host, server_base_url
-from gym_obs.client.http_client import get_global_aiohttp_control_client, request
-from gym_obs.client.server_urls import get_server_url, model_server_url_from_env, subprocess_agent_env
+from gym_obs.client._request import request
+from gym_obs.client._sessions import default_server_client, get_global_aiohttp_control_client
 from gym_obs.config import (
     ConfigError,
     GlobalConfig,
@@ -29,7 +37,7 @@ from gym_obs.config import (
     parse_global_config,
 )
 from gym_obs.telemetry import names
-from gym_obs.telemetry.propagation import current_rollout_id
+from gym_obs.telemetry.propagation import apply_rollout_prefix, current_rollout_id
 
 __all__ = [
     "HeadServerUnavailableError",
@@ -40,6 +48,7 @@ __all__ = [
     "get_server_url",
     "global_config_from_environment",
     "head_server_from_environment",
+    "model_server_url_from_env",
     "server_base_url",
     "subprocess_agent_env",
 ]
@@ -48,6 +57,37 @@ PollStatus = Literal["success", "connection_error", "timeout", "unknown_error"]
 
 _HEAD_TIMEOUT_S: Final = 5.0
 _READY_PATH: Final = "/readyz"
+_WILDCARD_HOSTS: Final = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "::1"}
+
+
+# -- addresses -------------------------------------------------------------------------------------------
+
+
+def connectable_host(host: str) -> str:
+    """A bind address a client can connect to: wildcard binds (0.0.0.0, ::) become loopback."""
+    return _WILDCARD_HOSTS.get(host, host)
+
+
+def server_base_url(host: str, port: int) -> str:
+    """``http://host:port`` with wildcard hosts made connectable and IPv6 literals bracketed."""
+    host = connectable_host(host)
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
+def model_server_url_from_env(server_name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """``GYM_OBS_MODEL_SERVER_BASE_URL`` (no trailing slash) when ``GYM_OBS_MODEL_SERVER_NAME`` names
+    ``server_name``, else ``None``: the one rule both :func:`get_server_url` and ``ServerClient`` follow."""
+    if environ is None:
+        environ = os.environ
+    if environ.get(names.ENV_MODEL_SERVER_NAME) != server_name:
+        return None
+    url = environ.get(names.ENV_MODEL_SERVER_BASE_URL, "").strip()
+    return url.rstrip("/") or None
+
+
+# -- the global config -----------------------------------------------------------------------------------
 
 
 class HeadServerUnavailableError(ConnectionError):
@@ -201,3 +241,56 @@ class ServerClient:
             return "connection_error"
         except Exception:
             return "unknown_error"
+
+
+# -- URLs for code that is not a gym client --------------------------------------------------------------
+
+
+def get_server_url(
+    server_name: str, *, server_client: ServerClient | None = None, rollout_prefix: bool = True
+) -> str:
+    """The base URL (no trailing slash) a non-gym client should use for ``server_name``.
+
+    ``GYM_OBS_MODEL_SERVER_BASE_URL`` wins when ``GYM_OBS_MODEL_SERVER_NAME`` names this server (it is
+    returned as given: already prefixed by the parent). Otherwise the URL comes from the global config
+    (``server_client``, else one loaded once per process from the launcher's environment or the head
+    server, which blocks on first use) and, with ``rollout_prefix`` and a current rollout, gets the
+    rollout and trace segments. A URL with a trace segment belongs to the current span: build it per
+    rollout, don't cache it.
+    """
+    env_url = model_server_url_from_env(server_name)
+    if env_url is not None:
+        return env_url
+    client = server_client
+    if client is None:
+        client = default_server_client(ServerClient.load_from_global_config)
+    url = client.base_url(server_name)
+    rollout_id = current_rollout_id()
+    if rollout_prefix and rollout_id is not None:
+        url = apply_rollout_prefix(url, rollout_id)
+    return url
+
+
+def subprocess_agent_env(
+    model_server_name: str,
+    *,
+    base_env: Mapping[str, str] | None = None,
+    server_client: ServerClient | None = None,
+    base_url: str | None = None,
+) -> dict[str, str]:
+    """The environment for a child process that calls ``model_server_name``: ``base_env`` (default: this
+    process's environment) plus ``GYM_OBS_MODEL_SERVER_NAME`` and ``GYM_OBS_MODEL_SERVER_BASE_URL``.
+
+    The URL (``base_url``, else the server's from the config) gets the current rollout's segments and,
+    while traces export, the current span's, so the child's model calls join this rollout and trace.
+    This process's session secret is not passed on.
+    """
+    env = dict(os.environ if base_env is None else base_env)
+    env.pop(names.ENV_SESSION_SECRET, None)
+    url = base_url
+    if url is None:
+        url = get_server_url(model_server_name, server_client=server_client, rollout_prefix=False)
+    url = apply_rollout_prefix(url.rstrip("/"), current_rollout_id())
+    env[names.ENV_MODEL_SERVER_NAME] = model_server_name
+    env[names.ENV_MODEL_SERVER_BASE_URL] = url
+    return env

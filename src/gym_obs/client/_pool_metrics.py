@@ -9,6 +9,9 @@ with outcome ``abandoned``, and the pending-requests counter is decremented on e
 
 Telemetry off: the sessions ``request()`` uses then carry no trace config at all, and for sessions used
 directly each callback is a single ``None`` check.
+
+The connections gauge works over the connectors it is given: which connectors exist is ``_sessions``'
+business (the one client module with state), not this module's.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import TYPE_CHECKING, ClassVar, Final
 
 import aiohttp
 
+from gym_obs.client._fair_connector import connection_counts
 from gym_obs.telemetry import names
 from gym_obs.telemetry._state import STATE
 from gym_obs.telemetry.logging import get_logger
@@ -30,7 +34,7 @@ from gym_obs.telemetry.redaction import redact_url, scrub_headers, scrub_text
 if TYPE_CHECKING:
     from gym_obs.telemetry.metrics import Instruments
 
-__all__ = ["ConnectionsGauge", "pool_trace_config", "request_debug_trace_config", "sync_pool_connections"]
+__all__ = ["ConnectionsGauge", "pool_trace_config", "request_debug_trace_config", "run_gauge_sync"]
 
 _perf_counter = time.perf_counter
 _debug_log = get_logger("gym_obs.client.debug")
@@ -215,18 +219,6 @@ def request_debug_trace_config() -> aiohttp.TraceConfig:
 # --- pooled connections (active / idle) ---------------------------------------------------------------
 
 
-def _connector_counts(connector: aiohttp.BaseConnector) -> tuple[int, int]:
-    """(active, idle) connections of ``connector``. aiohttp has no public accessor, so this reads its
-    bookkeeping defensively: ``_acquired`` (handed out, including ones being opened) and ``_conns``
-    (idle, per key). Any shape change yields (0, 0) rather than an error."""
-    try:
-        active = len(connector._acquired)
-        idle = sum(len(conns) for conns in list(connector._conns.values()))
-    except (AttributeError, TypeError, RuntimeError):
-        return 0, 0
-    return active, idle
-
-
 class ConnectionsGauge:
     """Keeps ``gym.client.pool.connections`` (an up-down counter) equal to the connectors' real counts.
 
@@ -253,7 +245,7 @@ class ConnectionsGauge:
             del self._reported[key]
         if inst is None:
             return
-        active, idle = (0, 0) if closing or connector.closed else _connector_counts(connector)
+        active, idle = (0, 0) if closing or connector.closed else connection_counts(connector)
         last_active, last_idle = (previous[1], previous[2]) if previous is not None else (0, 0)
         counter = inst.pool_connections
         if active != last_active:
@@ -266,43 +258,17 @@ class ConnectionsGauge:
             self._reported[key] = (inst, active, idle)
 
 
-_CONNECTION_ATTRS: dict[tuple[str, str], dict[str, str]] = {}
+_CONNECTION_ATTRS: Final = AttributeCache(names.ATTR_POOL, names.ATTR_HTTP_CONNECTION_STATE)
+_connection_attrs = _CONNECTION_ATTRS.get
 
 
-def _connection_attrs(pool: str, state: str) -> dict[str, str]:
-    attrs = _CONNECTION_ATTRS.get((pool, state))
-    if attrs is None:
-        attrs = {names.ATTR_POOL: pool, names.ATTR_HTTP_CONNECTION_STATE: state}
-        _CONNECTION_ATTRS[(pool, state)] = attrs
-    return attrs
-
-
-GAUGE: Final = ConnectionsGauge()
-_SOURCES: list[tuple[aiohttp.BaseConnector, str]] = []
-
-
-def register_connector(connector: aiohttp.BaseConnector, pool: str) -> None:
-    """Make ``connector`` part of what :func:`sync_pool_connections` reports."""
-    _SOURCES.append((connector, pool))
-
-
-def unregister_connector(connector: aiohttp.BaseConnector, pool: str) -> None:
-    """Report ``connector`` as gone (its series drop to zero) and forget it."""
-    GAUGE.sync(connector, pool, closing=True)
-    _SOURCES[:] = [(c, p) for c, p in _SOURCES if c is not connector]
-
-
-def sync_pool_connections() -> None:
-    """Bring ``gym.client.pool.connections`` up to date with every registered connector now."""
-    for connector, pool in list(_SOURCES):
-        GAUGE.sync(connector, pool)
-
-
-async def run_gauge_sync(sources: list[tuple[aiohttp.BaseConnector, str]], interval_s: float = 1.0) -> None:
-    """Background task body (one per event loop): sync the connections gauge for that loop's connectors
-    every ``interval_s`` while telemetry is on. ``sources`` is read live (pools created later join it)."""
+async def run_gauge_sync(
+    gauge: ConnectionsGauge, sources: list[tuple[aiohttp.BaseConnector, str]], interval_s: float = 1.0
+) -> None:
+    """Background task body (one per event loop): sync ``gauge`` for that loop's connectors every
+    ``interval_s`` while telemetry is on. ``sources`` is read live (pools created later join it)."""
     while True:
         await asyncio.sleep(interval_s)
         if STATE.enabled:
             for connector, pool in list(sources):
-                GAUGE.sync(connector, pool)
+                gauge.sync(connector, pool)
