@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gym_obs.client import MIN_RETRY_DELAY_S, RetriesExhaustedError, TransportFailure, _sessions
+from gym_obs.client import MIN_RETRY_DELAY_S, RetriesExhaustedError, TransportFailure
+from gym_obs.client._sessions import configure
 from gym_obs.client.http_client import (
     GlobalAIOHTTPAsyncClientConfig,
     close_global_aiohttp_client,
@@ -46,7 +47,7 @@ async def test_every_retry_waits_at_least_the_floor_even_with_an_unchecked_zero_
            "global_aiohttp_retry_backoff_cap_seconds": 0.0,
            "global_aiohttp_max_retry_seconds": budget_s}
     )
-    _sessions.configure(cfg)
+    configure(cfg)
     attempts: list[TransportFailure] = []
     started = time.perf_counter()
     try:
@@ -55,7 +56,7 @@ async def test_every_retry_waits_at_least_the_floor_even_with_an_unchecked_zero_
     finally:
         elapsed = time.perf_counter() - started
         await close_global_aiohttp_client()
-        _sessions.configure(GlobalAIOHTTPAsyncClientConfig())
+        configure(GlobalAIOHTTPAsyncClientConfig())
     assert len(attempts) >= 2
     waits = [failure.backoff_s for failure in attempts if failure.will_retry]
     assert all(wait >= MIN_RETRY_DELAY_S for wait in waits[:-1])  # only the last may be cut by the budget

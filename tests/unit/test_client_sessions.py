@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 import structlog
 
-from gym_obs.client import _sessions
+from gym_obs.client._sessions import configure, current_config
 from gym_obs.client.http_client import (
     GlobalAIOHTTPAsyncClientConfig,
     close_global_aiohttp_client,
@@ -28,7 +28,7 @@ STATE = telemetry_state()
 @pytest.fixture(autouse=True)
 def _default_config() -> Iterator[None]:
     yield
-    _sessions.configure(GlobalAIOHTTPAsyncClientConfig())
+    configure(GlobalAIOHTTPAsyncClientConfig())
 
 
 async def test_sessions_are_created_once_per_loop_and_closed_on_it() -> None:
@@ -154,7 +154,7 @@ async def test_set_rejects_a_bad_config_and_keeps_the_old_one(cfg: object, error
     with pytest.raises(error):
         configure_global_aiohttp_client(cfg)  # type: ignore[arg-type]
     assert not is_global_aiohttp_client_setup()
-    assert _sessions.current_config() == good  # nothing was stored
+    assert current_config() == good  # nothing was stored
     session = get_global_aiohttp_client()
     assert isinstance(session.connector, aiohttp.TCPConnector) and session.connector.limit == 7
     await close_global_aiohttp_client()

@@ -62,10 +62,12 @@ CLIENT_ORDER: list[str] = [
     "_options",
     "errors",
     "_retry",
+    "_fair_connector",
     "pool",
     "_pool_metrics",
     "_sessions",
     "_observe",
+    "_redirects",
     "_send",
     "boundary",
     "_request",
@@ -82,11 +84,24 @@ REEXPORT_MODULES: frozenset[str] = frozenset({"gym_obs.client.http_client"})
 #: Private seams tests really need: ``module`` (any name) or ``module:name``, each with why.
 PRIVATE_SEAMS: dict[str, str] = {
     "gym_obs.client._retry": "the pure retry decision tables are tested directly, row by row",
+    "gym_obs.client._sessions:configure": "process config installed unvalidated, to test the checks after it",
+    "gym_obs.client._sessions:current_config": "which process config the pools were built from",
     "gym_obs.failures._base": "the hard limits remote input is checked against, and fresh event ids",
     "gym_obs.failures._codec": "the raw encoder plants hostile reports that skip validation; its byte cap",
     "gym_obs.failures._shrink:final_chain": "which events the stated drop rule kept on the final chain",
     "gym_obs.harness.servers._common:failure_for_call": "the demo servers' failure mapping, without servers",
     "gym_obs.telemetry._sdk_env": "the import-time repair of OTEL_* values, run again on a planted env",
+    "gym_obs.telemetry._otlp_json": "the direct OTLP/JSON encoder, compared with the official one",
+    "gym_obs.telemetry._fanout": "one reader feeding several exporters, with a hung and a failing one",
+    "gym_obs.telemetry._exporters:SafeMetricExporter": "the never-raising wrapper around a fan-out",
+    "gym_obs.telemetry._exemplars": "which spans make a point eligible for an exemplar",
+    "gym_obs.server._session_routing:owner_slot": "which worker owns a session id (the routing hash)",
+    "gym_obs.server._failure_reply:boundary_for_server_type": "the server type -> failure boundary table",
+    "gym_obs.server._failure_reply:reply_status": "the status rule of failure replies, row by row",
+    "gym_obs.server._request_limits:RequestLimits": "the request-head limits handed to uvicorn",
+    "gym_obs.server._access_log:QueryFreeAccessLog": "security rule: access lines never carry a query",
+    "gym_obs.server._served_config:served_config": "security rule: the head server never serves a secret",
+    "gym_obs.server._validation_log:summarize_validation_errors": "security rule: no body in 422 logs",
 }
 
 

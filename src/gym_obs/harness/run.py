@@ -49,7 +49,8 @@ from gym_obs.harness.stack import (
 from gym_obs.harness.summary import build_summary, render_summary, write_summary
 from gym_obs.harness.tally import RunTally
 from gym_obs.harness.telemetry_files import read_metric_totals
-from gym_obs.server.launcher import Launch, LaunchError, ServerStartupError, launch, output_console
+from gym_obs.server.launcher import Launch, LaunchError, launch, output_console
+from gym_obs.server.uvicorn import ServerStartupError
 from gym_obs.telemetry import names
 from gym_obs.telemetry.logging import configure_logging
 from gym_obs.telemetry.metrics import instruments_for

@@ -6,10 +6,11 @@ from gym_obs.server._context import PathContextMiddleware
 from gym_obs.server._disconnect import DisconnectCancelMiddleware
 from gym_obs.server._failure_reply import FailureReplyMiddleware, boundary_for_server_type
 from gym_obs.server._instrumentation import instrument_app_for_telemetry
+from gym_obs.server._profiler import ServerProfiler
 from gym_obs.server.base_server import BaseServer, SimpleServer, load_server
 from gym_obs.server.head_server import HeadServer
 from gym_obs.server.launcher import Launch, LaunchError, launch
-from gym_obs.server.ops import ServerProfiler, UlimitResult, set_ulimit
+from gym_obs.server.ops import UlimitResult, set_ulimit
 from gym_obs.server.sessions import (
     SESSION_ID_KEY,
     OwnedSessionRouting,

@@ -31,6 +31,7 @@ from gym_obs.server._disconnect import DEFAULT_WATCH_DELAY_S, DisconnectCancelMi
 from gym_obs.server._failure_reply import FailureReplyMiddleware, boundary_for_server_type
 from gym_obs.server._instrumentation import HEALTH_ROUTES, instrument_app_for_telemetry
 from gym_obs.server._native_telemetry import disable_native_telemetry
+from gym_obs.server._profiler import profiler_for
 from gym_obs.server._session_routing import (
     OwnerRoutingMiddleware,
     owner_routing_dir,
@@ -40,7 +41,7 @@ from gym_obs.server._stack import Install, build_stack, fastapi_middleware
 from gym_obs.server._validation_log import log_validation_failures
 from gym_obs.server.inflight_route import inflight_route_for
 from gym_obs.server.model_calls import install_model_calls
-from gym_obs.server.ops import nofile_needed, profiler_for, set_ulimit
+from gym_obs.server.ops import nofile_needed, set_ulimit
 from gym_obs.server.sessions import (
     OwnedSessionRouting,
     SessionMiddleware,

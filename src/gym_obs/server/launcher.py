@@ -62,12 +62,10 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 __all__ = [
-    "HEAD_SERVER_NAME",
     "UNWRAPPED_WIDTH",
     "Launch",
     "LaunchError",
     "LaunchedProcess",
-    "ServerStartupError",
     "launch",
     "output_console",
     "preflight",

@@ -18,17 +18,14 @@ from typing import IO, Final
 
 from gym_obs.client.pool import effective_limits
 from gym_obs.config import GlobalAIOHTTPAsyncClientConfig, ServerInstanceConfig
-from gym_obs.server._profiler import ServerProfiler, profiler_for
 from gym_obs.telemetry.logging import get_logger
 
 __all__ = [
     "DEFAULT_NOFILE_TARGET",
     "LinePrefixer",
-    "ServerProfiler",
     "UlimitResult",
     "nofile_needed",
     "output_prefix",
-    "profiler_for",
     "pump_output",
     "set_ulimit",
 ]
