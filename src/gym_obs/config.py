@@ -42,6 +42,9 @@ class TelemetryConfig(_Strict):
     span_batch_size: int = Field(default=512, gt=0)
     export_timeout_ms: int = Field(default=10_000, gt=0)
     file_export_dir: str | None = None  # exporter `file`: OTLP JSON lines here (else GYM_OBS_TELEMETRY_DIR)
+    # Who writes the SERVER span: gym_obs's own layer, or opentelemetry-instrumentation-fastapi for its
+    # extras (active requests, body sizes, header capture). Else GYM_OBS_SERVER_INSTRUMENTATION, else native.
+    server_instrumentation: Literal["native", "contrib"] | None = None
 
 
 class GlobalAIOHTTPAsyncClientConfig(_Strict):

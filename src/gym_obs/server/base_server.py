@@ -28,13 +28,14 @@ from gym_obs.failures.kinds import Boundary
 from gym_obs.server._access_log import install_query_free_access_log
 from gym_obs.server._disconnect import DEFAULT_WATCH_DELAY_S
 from gym_obs.server._failure_reply import FailureReplyMiddleware, boundary_for_server_type
-from gym_obs.server._instrumentation import HEALTH_ROUTES, instrument_app_for_telemetry
+from gym_obs.server._instrumentation import HEALTH_ROUTES
 from gym_obs.server._native_telemetry import disable_native_telemetry
 from gym_obs.server._session_routing import (
     OwnerRoutingMiddleware,
     owner_routing_dir,
     worker_routing_environment,
 )
+from gym_obs.server._span import add_server_span
 from gym_obs.server._validation_log import log_validation_failures
 from gym_obs.server.middleware import PathContextMiddleware
 from gym_obs.server.model_calls import install_model_calls
@@ -55,6 +56,7 @@ from gym_obs.server.uvicorn import (
     validate_forwarded_allow_ips,
 )
 from gym_obs.telemetry import names
+from gym_obs.telemetry._env import resolve_server_instrumentation
 from gym_obs.telemetry.logging import configure_logging, get_logger
 from gym_obs.telemetry.resources import process_gauges_requested, start_process_gauges
 from gym_obs.telemetry.setup import TelemetryHandle, setup_telemetry, shutdown_telemetry
@@ -259,9 +261,18 @@ class SimpleServer(BaseServer, abc.ABC):
             disconnect_watch_delay_s=self.disconnect_watch_delay_s,
             sessions=sessions,
         )
-        instrument_app_for_telemetry(app)
+        # The one SERVER span: gym_obs's native layer, or contrib's (which needs the query hidden from it).
+        instrumentation = self._server_instrumentation()
+        traced = add_server_span(app, instrumentation)
+        hide_query = instrumentation == names.SERVER_INSTRUMENTATION_CONTRIB
         # Owner routing, when on, is outermost: a forwarded request runs no telemetry where it arrived.
-        return wrap(PathContextMiddleware(app, hide_query=True))
+        return wrap(PathContextMiddleware(traced, hide_query=hide_query))
+
+    def _server_instrumentation(self) -> str:
+        choice, problem = resolve_server_instrumentation(self.global_config.telemetry, os.environ)
+        if problem is not None:
+            _log.warning(problem)
+        return choice
 
     def run_webserver(self) -> None:
         """Serve under uvicorn as configured in the global config until SIGINT/SIGTERM, then flush telemetry.

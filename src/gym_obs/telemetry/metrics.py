@@ -54,12 +54,16 @@ class Instruments:
         "pool_wait_duration",
         "rollout_duration",
         "rollouts",
+        "server_request_duration",
     )
 
     def __init__(self, meter: Meter) -> None:
         self.meter = meter
         self.client_request_duration: Histogram = _histogram(
             meter, names.METRIC_HTTP_CLIENT_REQUEST_DURATION, "Duration of each HTTP client request attempt."
+        )
+        self.server_request_duration: Histogram = _histogram(
+            meter, names.METRIC_HTTP_SERVER_REQUEST_DURATION, "Duration of HTTP server requests."
         )
         self.client_retries: Counter = meter.create_counter(
             names.METRIC_CLIENT_RETRIES, unit=names.UNIT_RETRY, description="HTTP client retries, by reason."
@@ -142,6 +146,7 @@ class AttributeCache:
 
     Labels have small fixed value sets (DESIGN.md), so the cache stays small; it is cleared if it ever
     outgrows ``max_entries`` (a caller passing unbounded values) rather than growing without limit.
+    A ``None`` value leaves its key out of the dict (an optional label such as ``error.type``).
     """
 
     __slots__ = ("_cache", "_keys", "_max_entries")
@@ -149,12 +154,13 @@ class AttributeCache:
     def __init__(self, *keys: str, max_entries: int = 1024) -> None:
         self._keys = keys
         self._max_entries = max_entries
-        self._cache: dict[tuple[str, ...], dict[str, str]] = {}
+        self._cache: dict[tuple[str | int | None, ...], dict[str, str | int]] = {}
 
-    def get(self, *values: str) -> dict[str, str]:
+    def get(self, *values: str | int | None) -> dict[str, str | int]:
         attrs = self._cache.get(values)
         if attrs is None:
             if len(self._cache) > self._max_entries:
                 self._cache.clear()
-            attrs = self._cache[values] = dict(zip(self._keys, values, strict=True))
+            pairs = zip(self._keys, values, strict=True)
+            attrs = self._cache[values] = {key: value for key, value in pairs if value is not None}
         return attrs
