@@ -23,8 +23,10 @@ is identical: names, kinds, parent edges, attribute values, the metric's name, u
   ``user_agent.synthetic.type`` (both optional in the conventions);
 - ``user_agent.original`` is cut at ``names.MAX_USER_AGENT_CHARS`` after scrubbing;
 - an exception that escapes the app after its reply started also sets ``error.type`` (the exception type)
-  on the span and the metric point, and the span status description is the type only (contrib: no
-  ``error.type``, and ``"<type>: <message>"`` as the description);
+  on the span and the metric point, is recorded as one ``exception`` event (contrib records it twice), and
+  the span status description is the type only (contrib: no ``error.type``, ``"<type>: <message>"``);
+- the histogram has the registry's buckets (``names.HTTP_DURATION_BUCKETS_S``, up to 60 s; contrib: the
+  conventions' advisory buckets, up to 10 s);
 - the span starts named ``{METHOD}`` and is renamed ``{METHOD} {route}`` when it ends (a sampler sees the
   request attributes, not the route);
 - the duration point is recorded at the last body message (contrib: after background tasks ran too);
@@ -75,7 +77,6 @@ _ROOT: Final = Context()  # no caller context: the span starts a trace (as contr
 _MAX_CACHED: Final = 256  # distinct Host / User-Agent values remembered (cleared when full)
 _MAX_RAW_USER_AGENT: Final = 4 * names.MAX_USER_AGENT_CHARS  # bounds the scrubber's work
 _SPAN_NAME_OTHER: Final = "HTTP"  # span name of a request with a method outside the conventions' set
-_WEBSOCKET_NAME: Final = "websocket"  # span name of a websocket no route accepted
 _ERROR_STATUS: Final = 500
 
 
@@ -288,10 +289,8 @@ class _Exchange:
             if rollout_id is not None:
                 attributes[names.ATTR_ROLLOUT_ID] = rollout_id
             span.set_attributes(attributes)
-            if scope["type"] == "http":
-                span.update_name(_span_name(method, route))
-            else:
-                span.update_name(route or _WEBSOCKET_NAME)
+            # A websocket has no method: ``HTTP {route}``, as contrib names it.
+            span.update_name(_span_name(method or names.HTTP_METHOD_OTHER, route))
             if error is not None:
                 record_exception(span, error)
                 span.set_status(Status(StatusCode.ERROR, type(error).__qualname__))
