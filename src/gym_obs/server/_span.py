@@ -4,7 +4,7 @@ Why not opentelemetry-instrumentation-fastapi by default: per request it scans t
 times, builds the URL twice, matches every route again to find ``http.route``, sets each attribute twice
 and records four or five metric points; together about 2.5x what the span itself costs (issue 13). This
 layer reads the headers once, takes ``http.route`` from ``scope["route"]`` after the app ran, sets the
-request attributes when the span starts and the reply attributes once when it ends, and records one
+request and reply attributes once, when the span ends, and records one
 ``http.server.request.duration`` point from a cached attribute dict. ``server_instrumentation: contrib``
 (config) or ``GYM_OBS_SERVER_INSTRUMENTATION=contrib`` selects the contrib instrumentation instead, for its
 extras (``http.server.active_requests``, body-size histograms, header capture); see ``_instrumentation``.
@@ -27,8 +27,8 @@ is identical: names, kinds, parent edges, attribute values, the metric's name, u
   the span status description is the type only (contrib: no ``error.type``, ``"<type>: <message>"``);
 - the histogram has the registry's buckets (``names.HTTP_DURATION_BUCKETS_S``, up to 60 s; contrib: the
   conventions' advisory buckets, up to 10 s);
-- the span starts named ``{METHOD}`` and is renamed ``{METHOD} {route}`` when it ends (a sampler sees the
-  request attributes, not the route);
+- the span starts named ``{METHOD}``, without attributes, and gets its name ``{METHOD} {route}`` and all
+  its attributes when it ends (a sampler sees neither; contrib's sees the request attributes and route);
 - the duration point is recorded at the last body message (contrib: after background tasks ran too);
 - health routes are excluded by exact path (contrib: any path ending in ``/livez`` or ``/readyz``).
 """
@@ -164,6 +164,7 @@ class _Exchange:
     """One request's span, timing and reply status, from the header pass to the end of the reply."""
 
     __slots__ = (
+        "_attributes",
         "_layer",
         "_method",
         "_scope",
@@ -185,6 +186,7 @@ class _Exchange:
         self._method = ""
         self.span: Span = INVALID_SPAN
         self.context: Context | None = None
+        self._attributes: dict[str, AttributeValue] = {}
         tracer = STATE.tracer
         if scope["type"] == "http":
             raw_method: str = scope["method"]
@@ -244,7 +246,9 @@ class _Exchange:
         else:
             parent = get_global_textmap().extract(carrier) if carrier is not None else _ROOT
             kind = SpanKind.SERVER
-        span = tracer.start_span(_span_name(method, None), context=parent, kind=kind, attributes=attributes)
+        # The attributes are set once, with the reply's, when the span ends (one pass of the SDK's checks).
+        self._attributes = attributes
+        span = tracer.start_span(_span_name(method, None), context=parent, kind=kind)
         self.span = span
         self.context = trace.set_span_in_context(span, parent)
 
@@ -278,7 +282,7 @@ class _Exchange:
         method = self._method
         span = self.span
         if span.is_recording():
-            attributes: dict[str, AttributeValue] = {}
+            attributes = self._attributes
             if route is not None:
                 attributes[names.ATTR_HTTP_ROUTE] = route
             if status:
