@@ -12,7 +12,8 @@ extras (``http.server.active_requests``, body-size histograms, header capture); 
 It never records ``url.query`` (so the contrib path's query-hiding is not needed here), scrubs and bounds
 ``user_agent.original``, scrubs the ``exception`` event at the source (``telemetry.spans.record_exception``)
 and does not trace the health routes. The span is current while the app runs (failure events, the session
-id and client spans hang off it) and ends when the last body message is sent or the app returns.
+id and client spans hang off it) and ends when the app returns, so an exception that escapes the app
+after FastAPI's error middleware sent the 500 is still recorded on it.
 
 Documented differences from contrib (``tests/integration/test_server_span_conformance.py`` checks the rest
 is identical: names, kinds, parent edges, attribute values, the metric's name, unit and attributes):
@@ -29,7 +30,8 @@ is identical: names, kinds, parent edges, attribute values, the metric's name, u
   conventions' advisory buckets, up to 10 s);
 - the span starts named ``{METHOD}``, without attributes, and gets its name ``{METHOD} {route}`` and all
   its attributes when it ends (a sampler sees neither; contrib's sees the request attributes and route);
-- the duration point is recorded at the last body message (contrib: after background tasks ran too);
+- the span ends when the app returns, background tasks included, as both record the duration point
+  (contrib ends its span at the last body message);
 - health routes are excluded by exact path (contrib: any path ending in ``/livez`` or ``/readyz``).
 """
 
@@ -259,8 +261,6 @@ class _Exchange:
         elif kind == "websocket.send":
             self.status = 200  # as contrib: a websocket that sent a message answered
         await self._send(message)
-        if kind == "http.response.body" and not message.get("more_body", False) and not self.done:
-            self.finish(None)
 
     def finish(self, error: BaseException | None) -> None:
         """End the span with the reply attributes and record the duration point (once)."""
