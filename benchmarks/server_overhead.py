@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import os
 import statistics
 import subprocess
@@ -259,8 +260,10 @@ def _paired_ratio(numerator: list[float], denominator: list[float]) -> float:
 
 
 def _added_ratio(on: list[float], other: list[float], base: list[float]) -> float:
-    """Median over rounds of (on - base) / (other - base): what one layer adds against another."""
-    return statistics.median((a - c) / (b - c) for a, b, c in zip(on, other, base, strict=True) if b > c)
+    """Median over rounds of (on - base) / (other - base): what one layer adds against another (NaN when
+    no round measured ``other`` above ``base``, as in a run too short for the clock's ticks)."""
+    ratios = [(a - c) / (b - c) for a, b, c in zip(on, other, base, strict=True) if b > c]
+    return statistics.median(ratios) if ratios else math.nan
 
 
 def main(argv: Sequence[str] | None = None) -> int:
