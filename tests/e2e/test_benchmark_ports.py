@@ -14,7 +14,7 @@ pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
 HARNESS_BASE = 29610  # 29610-29613 and the collector at 29630-29631
-SERVER_BASE = 29693  # 29693-29698
+SERVER_BASE = 14600  # 14600-14605 (six variants; 29693+ would reach test_export_warnings's dead port)
 
 
 def _bench(script: str, *args: str) -> subprocess.CompletedProcess[str]:
