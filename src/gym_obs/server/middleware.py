@@ -3,7 +3,8 @@
 Order, outermost first, as ``SimpleServer.build_app`` assembles it::
 
     PathContextMiddleware       /ng-trace and /ng-rollout segments, rollout context  (outside the span)
-      FastAPI + contrib instrumentation: the one SERVER span
+      the one SERVER span: _span.ServerSpanMiddleware around FastAPI (native, the default), or
+      FastAPI + contrib instrumentation inside it (server_instrumentation: contrib)
         FailureReplyMiddleware  failure log, X-NG-Failure-Report, exception -> failure reply,
                                 (DisconnectCancelMiddleware fused in) caller gone -> handler cancelled, and
                                 (SessionLayer fused in) the caller's session
@@ -11,9 +12,9 @@ Order, outermost first, as ``SimpleServer.build_app`` assembles it::
 
 The path middleware must run before the instrumentation extracts the trace context (it turns the
 ``/ng-trace/<traceparent>`` segment into a header) and before routing (the span gets the route template,
-not a path with ids). The failure middleware runs inside the span so events carry its ids. Between the two,
-the instrumentation sees the request without its query string (see ``_instrumentation``): the path
-middleware hides it, the failure middleware gives it back to the handlers.
+not a path with ids). The failure middleware runs inside the span so events carry its ids. With contrib,
+between the two, the instrumentation sees the request without its query string (see ``_instrumentation``):
+the path middleware hides it, the failure middleware gives it back to the handlers.
 """
 
 from __future__ import annotations
