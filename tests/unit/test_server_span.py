@@ -114,6 +114,35 @@ async def test_route_templates(telemetry: Capture, path: str, name: str, route: 
     assert span.attributes.get(names.ATTR_HTTP_ROUTE) == route
 
 
+@pytest.mark.parametrize(
+    ("method", "name"), [("GET", "GET /v2/deep/{key}"), ("POST", "POST /v2/deep/{key}"), ("PUT", "PUT")]
+)
+async def test_a_reply_made_before_routing_still_names_the_route(
+    telemetry: Capture, method: str, name: str
+) -> None:
+    """A middleware that answers before the router ran (an injected fault, an auth refusal): the route is
+    the one that would have matched (fully, else partially: a 405), as contrib reports it."""
+    inner = _app()
+
+    async def refuse(scope: Any, receive: Any, send: Any) -> None:
+        if scope["path"].startswith("/v2/deep/") and scope["method"] != "PUT":
+            await send({"type": "http.response.start", "status": 503, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        await inner(scope, receive, send)
+
+    async def outer(scope: Any, receive: Any, send: Any) -> None:
+        scope["app"] = inner  # as FastAPI.__call__ does before its middleware stack runs
+        await refuse(scope, receive, send)
+
+    app = ServerSpanMiddleware(outer)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as http:
+        telemetry.clear()
+        await http.request(method, "/v2/deep/k" if method != "PUT" else "/nowhere")
+    (span,) = telemetry.spans()
+    assert span.name == name
+
+
 async def test_health_routes_are_not_traced(telemetry: Capture) -> None:
     response, spans = await _get(telemetry, "/livez")
     assert response.status_code == 200 and spans == []

@@ -43,12 +43,17 @@ from time import perf_counter
 from typing import Any, Final
 
 from fastapi import FastAPI
+
+try:  # FastAPI >= 0.137.2: included routers' routes with their full templates
+    from fastapi.routing import iter_route_contexts
+except ImportError:  # pragma: no cover - older FastAPI: the routes are matchable as they are
+    iter_route_contexts = None  # type: ignore[assignment]
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.propagate import get_global_textmap
 from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
-from starlette.routing import Mount
+from starlette.routing import Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gym_obs.server._instrumentation import HEALTH_ROUTES, instrument_app_for_telemetry
@@ -334,11 +339,14 @@ def _route_template(scope: Scope) -> str | None:
 
     FastAPI puts the route it chose in ``scope["route"]``; for a route of an included router the full
     template (prefix included) is on FastAPI's effective route context. A mounted app's route is prefixed
-    with the mount's template.
+    with the mount's template. A request a middleware answered before routing (a fault, an auth refusal)
+    has no ``scope["route"]``: its route is looked up as contrib does for every request.
     """
     route: Any = scope.get("route")
     if route is None:
-        return None
+        return _matching_route(scope)
+    if isinstance(route, Mount):  # the mounted app found no route of its own
+        return route.path
     path: str | None = None
     fastapi_scope = scope.get("fastapi")
     if isinstance(fastapi_scope, dict):
@@ -351,6 +359,24 @@ def _route_template(scope: Scope) -> str | None:
     if root_path and root_path != (scope.get("app_root_path") or ""):
         path = _mount_template(scope) + path
     return path
+
+
+def _matching_route(scope: Scope) -> str | None:
+    """The template of the app's route that matches the request (a full match, else a partial one)."""
+    routes: Any = getattr(scope.get("app"), "routes", None)
+    if not routes:
+        return None
+    found: str | None = None
+    contexts = iter_route_contexts(routes) if iter_route_contexts is not None else routes
+    for candidate in contexts:
+        match, _ = candidate.matches(scope)
+        if match is Match.FULL:
+            path = getattr(candidate, "path", None)
+            return path if isinstance(path, str) else None
+        if match is Match.PARTIAL and found is None:
+            path = getattr(candidate, "path", None)
+            found = path if isinstance(path, str) else None
+    return found
 
 
 def _mount_template(scope: Scope) -> str:
