@@ -51,8 +51,13 @@ FRONT = f"http://127.0.0.1:{FRONT_PORT}"
 def outputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Outputs]:
     file_dir = tmp_path_factory.mktemp("telemetry")
     config = canary_config(HEAD_PORT, FRONT_PORT, PEER_PORT, RECEIVER_PORT, file_dir)
-    # Old and new HTTP conventions at once: http.target / http.url must not carry the query either.
-    env = launch_env(OTEL_SEMCONV_STABILITY_OPT_IN="http/dup")
+    # Old and new HTTP conventions at once: http.target / http.url must not carry the query either. Only
+    # the contrib SERVER span writes the old ones, so these servers run it (the native span never writes
+    # url.query or the old keys: tests/security/test_canary_server.py, test_server_span_conformance.py).
+    env = launch_env(
+        OTEL_SEMCONV_STABILITY_OPT_IN="http/dup",
+        **{names.ENV_SERVER_INSTRUMENTATION: names.SERVER_INSTRUMENTATION_CONTRIB},
+    )
     logs = tmp_path_factory.mktemp("logs")
     with RawOtlpReceiver(RECEIVER_PORT) as receiver, launch(config, log_dir=logs, env=env) as run:
         yield Outputs(run, receiver, file_dir)

@@ -68,6 +68,20 @@ def test_backstop_cleans_contrib_style_server_spans(telemetry: Capture) -> None:
     assert clean.context == raw.context and clean.kind == raw.kind and clean.end_time == raw.end_time
 
 
+def test_backstop_scrubs_the_status_description(telemetry: Capture) -> None:
+    tracer = telemetry.tracer_provider.get_tracer("contrib-like")
+    with tracer.start_as_current_span("GET /y", kind=trace.SpanKind.SERVER) as span:
+        # contrib's ExceptionHandlerMiddleware: "<type>: <message>" of the exception, unscrubbed
+        span.set_status(trace.Status(trace.StatusCode.ERROR, f"ValueError: token={CANARY}"))
+    raw = telemetry.spans("GET /y")[0]
+    assert CANARY in str(raw.status.description)
+
+    clean = scrub_span(raw)
+    assert clean.status.status_code == trace.StatusCode.ERROR
+    assert str(clean.status.description).startswith("ValueError: token=")
+    assert CANARY not in str(clean.status.description) and "c4n4ry" not in str(clean.status.description)
+
+
 def test_backstop_passes_clean_spans_through_without_copying(telemetry: Capture) -> None:
     tracer = telemetry.tracer_provider.get_tracer("t")
     with tracer.start_as_current_span("ok", attributes={"http.route": "/x", "url.path": "/x"}):

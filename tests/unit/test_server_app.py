@@ -101,9 +101,10 @@ class DemoServer(SimpleServer):
 _report = failure_report_for(_inner_event())
 
 
-def _config(server_type: str = "resources_servers") -> GlobalConfig:
+def _config(server_type: str = "resources_servers", instrumentation: str | None = None) -> GlobalConfig:
     return parse_global_config(
         {
+            "telemetry": {"server_instrumentation": instrumentation},
             "servers": {
                 "demo": {"entrypoint": f"{__name__}:DemoServer", "server_type": server_type, "port": 24600}
             }
@@ -126,19 +127,31 @@ def _server_spans(telemetry: Capture) -> list[Any]:
 # --- one SERVER span ------------------------------------------------------------------------------------
 
 
-async def test_exactly_one_server_span_per_request(client: httpx.AsyncClient, telemetry: Capture) -> None:
-    paths = ["/items/1", "/recovered", "/ng", "/boom", "/missing", f"/ng-trace/{TRACEPARENT}/items/2"]
-    for path in paths:
+@pytest.mark.parametrize(
+    ("instrumentation", "scope_name"),
+    [
+        (None, names.INSTRUMENTATION_SCOPE),  # the default: the native SERVER span
+        ("native", names.INSTRUMENTATION_SCOPE),
+        ("contrib", "opentelemetry.instrumentation.fastapi"),
+    ],
+)
+async def test_exactly_one_server_span_per_request(
+    telemetry: Capture, instrumentation: str | None, scope_name: str
+) -> None:
+    app = DemoServer("demo", _config(instrumentation=instrumentation)).build_app()
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://testserver") as client:
+        paths = ["/items/1", "/recovered", "/ng", "/boom", "/missing", f"/ng-trace/{TRACEPARENT}/items/2"]
+        for path in paths:
+            telemetry.clear()
+            await client.get(path)
+            spans = telemetry.spans()
+            assert [span.kind for span in spans] == [SpanKind.SERVER], (path, [s.name for s in spans])
+            assert spans[0].instrumentation_scope is not None
+            assert spans[0].instrumentation_scope.name == scope_name
         telemetry.clear()
-        await client.get(path)
-        spans = telemetry.spans()
-        assert [span.kind for span in spans] == [SpanKind.SERVER], (path, [s.name for s in spans])
-        assert spans[0].instrumentation_scope is not None
-        assert spans[0].instrumentation_scope.name == "opentelemetry.instrumentation.fastapi"
-    telemetry.clear()
-    for path in ("/livez", "/readyz"):
-        await client.get(path)
-    assert telemetry.spans() == []  # health routes are not traced
+        for path in ("/livez", "/readyz"):
+            await client.get(path)
+        assert telemetry.spans() == []  # health routes are not traced
 
 
 async def test_the_inflight_route_makes_no_span(client: httpx.AsyncClient, telemetry: Capture) -> None:
@@ -173,7 +186,7 @@ async def test_server_keeps_serving_without_spans_when_instrumentation_fails(
         raise RuntimeError("instrumentation exploded")
 
     monkeypatch.setattr(FastAPIInstrumentor, "instrument_app", broken)
-    app = DemoServer("demo", _config()).build_app()
+    app = DemoServer("demo", _config(instrumentation="contrib")).build_app()
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as http:
         response = await http.get("/items/3")
     assert response.status_code == 200
@@ -401,7 +414,8 @@ def test_the_stack_is_built_in_the_declared_order(telemetry: Capture) -> None:
     assert layers == [
         "InflightRoute",
         "PathContextMiddleware",
-        "FastAPI",  # the contrib instrumentation (the SERVER span) wraps the FastAPI app's middlewares
+        "ServerSpanMiddleware",  # the native SERVER span wraps the FastAPI app's middlewares
+        "FastAPI",
         "SessionMiddleware",
         "FailureReplyMiddleware",
         "DisconnectCancelMiddleware",

@@ -3,8 +3,9 @@
 It must run before the span's instrumentation extracts the trace context (it turns the
 ``/ng-trace/<traceparent>`` segment into a header) and before routing (the span gets the route template, not
 a path with ids). It also creates the request's :class:`~gym_obs.server._exchange.Exchange`, the one object
-the layers inside share, and hides the query string from the SERVER-span instrumentation (see
-``_instrumentation``; the failure-reply layer gives it back to the handlers).
+the layers inside share, and, when the SERVER span is contrib's (``server_instrumentation: contrib``), hides
+the query string from it (see ``_instrumentation``; the failure-reply layer gives it back to the handlers).
+The native span (``_span``) never reads the query, so nothing is hidden for it.
 """
 
 from __future__ import annotations

@@ -2,10 +2,11 @@
 
 FastAPI >= 0.165 traces, meters and logs every request by itself as soon as a global OpenTelemetry
 provider is installed (``FastAPI.__call__`` -> ``NativeTelemetry``). gym servers get their SERVER span
-from opentelemetry-instrumentation-fastapi instead (one span shape across versions, receive/send
-sub-spans excluded, health routes excluded), so the built-in one must never run: it would add a second
-SERVER span whenever the contrib middleware is not in the built stack (instrumentation off or failed,
-mounted sub-apps), emit spans while gym telemetry is off, and log exception messages with stack traces.
+from gym_obs's own layer (``_span``) or, when chosen, opentelemetry-instrumentation-fastapi (one span shape
+across versions, health routes excluded), so the built-in one must never run: it would add a second
+SERVER span (always, or whenever the contrib middleware is not in the built stack: instrumentation off or
+failed, mounted sub-apps), emit spans while gym telemetry is off, and log exception messages with stack
+traces.
 
 Two independent switches, both no-ops on FastAPI versions without the feature:
 - the app's telemetry config is turned off (``enabled()`` becomes False, so ``__call__`` goes straight to

@@ -9,7 +9,8 @@ Outermost first (``LAYER_ORDER``); why each sits where it does:
 - ``context``        strips ``/ng-trace``/``/ng-rollout``, sets the rollout context, creates the request's
                      exchange (``_exchange``); before the span, which extracts the trace context from the
                      header this layer writes and names itself after the route without ids
-- ``span``           the one SERVER span (the contrib FastAPI instrumentation today)
+- ``span``           the one SERVER span: the native layer (``_span``) around the app, or the contrib FastAPI
+                     instrumentation inside it (``server_instrumentation: contrib``)
 - ``sessions``       inside the span (the session id goes on it), outside the failure reply (the session is
                      current while a failure is logged, and a failure reply hands back a new token)
 - ``failure_reply``  failure log, ``X-NG-Failure-Report``, exception -> failure reply; inside the span so
@@ -19,8 +20,8 @@ Outermost first (``LAYER_ORDER``); why each sits where it does:
 - ``model_calls``    GenAI metrics off the reply of a model server; inside the failure reply, so it sees
                      the handler's exceptions
 
-Layers from ``span`` inwards are FastAPI middlewares of the app (the contrib instrumentation wraps the
-app's middleware stack); the ones before it wrap the app from outside.
+Layers after ``span`` are FastAPI middlewares of the app; ``span`` and the ones before it wrap the app's
+middleware stack from outside (contrib's instrumentation does the same from inside FastAPI).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from gym_obs.server._access_log import install_query_free_access_log
 from gym_obs.server._context import PathContextMiddleware
 from gym_obs.server._disconnect import DEFAULT_WATCH_DELAY_S, DisconnectCancelMiddleware
 from gym_obs.server._failure_reply import FailureReplyMiddleware, boundary_for_server_type
-from gym_obs.server._instrumentation import HEALTH_ROUTES, instrument_app_for_telemetry
+from gym_obs.server._instrumentation import HEALTH_ROUTES
 from gym_obs.server._native_telemetry import disable_native_telemetry
 from gym_obs.server._profiler import profiler_for
 from gym_obs.server._session_routing import (
@@ -37,6 +37,7 @@ from gym_obs.server._session_routing import (
     owner_routing_dir,
     worker_routing_environment,
 )
+from gym_obs.server._span import add_server_span
 from gym_obs.server._stack import Install, build_stack, fastapi_middleware
 from gym_obs.server._validation_log import log_validation_failures
 from gym_obs.server.inflight_route import inflight_route_for
@@ -61,6 +62,7 @@ from gym_obs.server.uvicorn import (
 from gym_obs.telemetry import names
 from gym_obs.telemetry.logging import configure_logging, get_logger
 from gym_obs.telemetry.resources import process_gauges_requested, start_process_gauges
+from gym_obs.telemetry.settings import resolve_server_instrumentation
 from gym_obs.telemetry.setup import TelemetryHandle, setup_telemetry, shutdown_telemetry
 
 __all__ = ["BaseServer", "SimpleServer", "import_server_class", "load_server"]
@@ -249,13 +251,16 @@ class SimpleServer(BaseServer, abc.ABC):
             profiler.attach(app)
         self._track_lifespan(app)
         sessions, owner_routing = self._session_layers()
+        # The one SERVER span: gym_obs's native layer, or contrib's (which needs the query hidden from it).
+        instrumentation = self._server_instrumentation()
+        hide_query = instrumentation == names.SERVER_INSTRUMENTATION_CONTRIB
         return build_stack(
             app,
             {
                 "control": self._control_routes,
                 "owner_routing": owner_routing,
-                "context": lambda inner: PathContextMiddleware(inner, hide_query=True),
-                "span": _instrumented,
+                "context": lambda inner: PathContextMiddleware(inner, hide_query=hide_query),
+                "span": lambda inner: add_server_span(inner, instrumentation),
                 "sessions": sessions,
                 "failure_reply": fastapi_middleware(FailureReplyMiddleware, boundary=self.failure_boundary),
                 "disconnect": self._disconnect_layer(),
@@ -280,6 +285,12 @@ class SimpleServer(BaseServer, abc.ABC):
             where=self.where,
         )
         return app
+
+    def _server_instrumentation(self) -> str:
+        choice, problem = resolve_server_instrumentation(self.global_config.telemetry, os.environ)
+        if problem is not None:
+            _log.warning(problem)
+        return choice
 
     def run_webserver(self) -> None:
         """Serve under uvicorn as configured in the global config until SIGINT/SIGTERM, then flush telemetry.
@@ -345,12 +356,6 @@ async def _close_client_sessions() -> None:
             _log.info("client sessions closed")
     except Exception:
         _log.warning("closing the client sessions failed", exc_info=True)
-
-
-def _instrumented(app: ASGIApp) -> ASGIApp:
-    """The SERVER span: the contrib instrumentation goes into the FastAPI app (not when telemetry is off)."""
-    instrument_app_for_telemetry(app)
-    return app
 
 
 def _process_ids() -> dict[str, int]:

@@ -1,8 +1,9 @@
 """The export-time backstop: every span leaves the process without query strings, credentials or secrets.
 
 gym_obs redacts at the source, but spans also come from code it does not write: the contrib FastAPI/ASGI
-instrumentation records ``url.query`` and ``http.target`` with the query, and the SDK's
-``Span.record_exception`` puts the raw traceback in ``exception.stacktrace``. Every span exporter (OTLP,
+instrumentation records ``url.query`` and ``http.target`` with the query and puts ``"<type>: <message>"``
+of an exception in the span status description, and the SDK's ``Span.record_exception`` puts the raw
+traceback in ``exception.stacktrace``. Every span exporter (OTLP,
 console, file) is wrapped by :class:`ScrubbingSpanExporter`, which cleans the few keys that can carry them
 on spans and span events. Cheap: only the known keys are looked at, and a span that has none of them is
 passed on as is (no copy).
@@ -15,10 +16,11 @@ from typing import Any, Final
 
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.trace import Status
 
 from gym_obs.telemetry import names
 from gym_obs.telemetry.bodies import bounded_excerpt
-from gym_obs.telemetry.redaction import redact_url
+from gym_obs.telemetry.redaction import redact_url, scrub_text
 
 __all__ = ["ScrubbingSpanExporter", "scrub_attributes", "scrub_span"]
 
@@ -73,7 +75,13 @@ def scrub_span(span: ReadableSpan) -> ReadableSpan:
     name = span.name
     if "?" in name or "#" in name:  # a span named after a raw URL with a query
         name = name.split("?", 1)[0].split("#", 1)[0]
-    if attributes is original and events is None and name == span.name:
+    status = span.status
+    description = status.description
+    if description:  # only failed spans have one: the exception's message, as contrib writes it
+        clean = bounded_excerpt(scrub_text(description), _TEXT_CHARS)
+        if clean != description:
+            status = Status(status.status_code, clean)
+    if attributes is original and events is None and name == span.name and status is span.status:
         return span
     return ReadableSpan(
         name=name,
@@ -84,7 +92,7 @@ def scrub_span(span: ReadableSpan) -> ReadableSpan:
         events=events if events is not None else span.events,
         links=span.links,
         kind=span.kind,
-        status=span.status,
+        status=status,
         start_time=span.start_time,
         end_time=span.end_time,
         instrumentation_scope=span.instrumentation_scope,

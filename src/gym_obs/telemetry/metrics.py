@@ -54,12 +54,16 @@ class Instruments:
         "pool_wait_duration",
         "rollout_duration",
         "rollouts",
+        "server_request_duration",
     )
 
     def __init__(self, meter: Meter) -> None:
         self.meter = meter
         self.client_request_duration: Histogram = _histogram(
             meter, names.METRIC_HTTP_CLIENT_REQUEST_DURATION, "Duration of each HTTP client request attempt."
+        )
+        self.server_request_duration: Histogram = _histogram(
+            meter, names.METRIC_HTTP_SERVER_REQUEST_DURATION, "Duration of HTTP server requests."
         )
         self.client_retries: Counter = meter.create_counter(
             names.METRIC_CLIENT_RETRIES, unit=names.UNIT_RETRY, description="HTTP client retries, by reason."

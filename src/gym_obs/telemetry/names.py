@@ -384,3 +384,19 @@ METRIC_TREE_FILE_DESCRIPTORS: Final = "gym.server.process_tree.file_descriptor.c
 METRIC_TREE_THREADS: Final = "gym.server.process_tree.thread.count"
 METRIC_TREE_GPU_MEMORY_USAGE: Final = "gym.server.process_tree.gpu.memory.usage"  # only with nvidia-smi
 UNIT_PROCESS: Final = "{process}"
+# --- the native SERVER span (issue 13 §1; server/_span.py) ----------------------------------------------
+ATTR_URL_PATH: Final = "url.path"
+ATTR_URL_QUERY: Final = "url.query"  # never set by gym_obs: named so tests can assert it is absent
+ATTR_NETWORK_PROTOCOL_VERSION: Final = "network.protocol.version"
+ATTR_CLIENT_ADDRESS: Final = "client.address"
+ATTR_USER_AGENT_ORIGINAL: Final = "user_agent.original"
+MAX_USER_AGENT_CHARS: Final = 256  # user_agent.original is cut here (after scrubbing)
+# Request methods the semantic conventions name; any other is "_OTHER" (+ http.request.method_original).
+KNOWN_HTTP_METHODS: Final = frozenset(
+    {"CONNECT", "DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT", "QUERY", "TRACE"}
+)
+HTTP_METHOD_OTHER: Final = "_OTHER"
+ENV_SERVER_INSTRUMENTATION: Final = "GYM_OBS_SERVER_INSTRUMENTATION"  # native | contrib
+SERVER_INSTRUMENTATION_NATIVE: Final = "native"  # gym_obs's own pure-ASGI SERVER span (the default)
+SERVER_INSTRUMENTATION_CONTRIB: Final = "contrib"  # opentelemetry-instrumentation-fastapi
+SERVER_INSTRUMENTATIONS: Final = (SERVER_INSTRUMENTATION_NATIVE, SERVER_INSTRUMENTATION_CONTRIB)

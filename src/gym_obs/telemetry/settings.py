@@ -102,6 +102,9 @@ class TelemetryConfig(BaseModel):
     file_export_dir: str | None = None  # exporter `file`: OTLP JSON lines here (else GYM_OBS_TELEMETRY_DIR)
     logs_exporter: str | None = None  # otlp | file | none (default none; else OTEL_LOGS_EXPORTER)
     span_groups: str | None = None  # "default,model_call" (else GYM_OBS_SPAN_GROUPS; telemetry/groups.py)
+    # Who writes the SERVER span: gym_obs's own layer, or opentelemetry-instrumentation-fastapi for its
+    # extras (active requests, body sizes, header capture). Else GYM_OBS_SERVER_INSTRUMENTATION, else native.
+    server_instrumentation: Literal["native", "contrib"] | None = None
 
     @field_validator("span_groups")
     @classmethod
@@ -473,3 +476,22 @@ def _disabled_settings(config: TelemetryConfig, env: Mapping[str, str], problems
         export_timeout_ms=config.export_timeout_ms,
         problems=tuple(problems.items),
     )
+
+
+def resolve_server_instrumentation(config: TelemetryConfig, env: Mapping[str, str]) -> tuple[str, str | None]:
+    """Who writes the SERVER span (``native`` | ``contrib``): config, else ``GYM_OBS_SERVER_INSTRUMENTATION``,
+    else ``native``; with the problem sentence of a bad environment value (which falls back to native)."""
+    if config.server_instrumentation is not None:
+        return config.server_instrumentation, None
+    raw = _env(env, names.ENV_SERVER_INSTRUMENTATION)
+    if raw is None:
+        return names.SERVER_INSTRUMENTATION_NATIVE, None
+    value = raw.lower()
+    if value in names.SERVER_INSTRUMENTATIONS:
+        return value, None
+    allowed = " or ".join(names.SERVER_INSTRUMENTATIONS)
+    problem = (
+        f"{names.ENV_SERVER_INSTRUMENTATION}={raw[:40]!r} is not {allowed};"
+        f" using {names.SERVER_INSTRUMENTATION_NATIVE}"
+    )
+    return names.SERVER_INSTRUMENTATION_NATIVE, problem
