@@ -33,7 +33,9 @@ _EMIT = """
     from gym_obs.telemetry import names
     from gym_obs.telemetry.setup import setup_telemetry
     from gym_obs.telemetry.spans import client_span
-    from gym_obs.telemetry._state import STATE
+    from gym_obs.telemetry.testing import telemetry_state
+
+    STATE = telemetry_state()
 
     from opentelemetry import context, trace
     from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags

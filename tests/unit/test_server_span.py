@@ -11,15 +11,14 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import APIRouter, FastAPI
-from gym_obs.telemetry._env import resolve_server_instrumentation
 from opentelemetry.trace import SpanKind, StatusCode
 
 from gym_obs.config import TelemetryConfig
 from gym_obs.server._native_telemetry import disable_native_telemetry
 from gym_obs.server._span import ServerSpanMiddleware, _split_host
 from gym_obs.telemetry import names
-from gym_obs.telemetry._state import STATE
-from gym_obs.telemetry.testing import Capture
+from gym_obs.telemetry.settings import resolve_server_instrumentation
+from gym_obs.telemetry.testing import Capture, telemetry_state
 
 SECRET = "sk-SPANs3cr3t0123456789abcdef"
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
@@ -179,7 +178,7 @@ async def test_a_broken_tracer_costs_the_span_not_the_request(
         def start_span(self, *_args: Any, **_kwargs: Any) -> None:
             raise RuntimeError("tracer exploded")
 
-    monkeypatch.setattr(STATE, "tracer", Broken())
+    monkeypatch.setattr(telemetry_state(), "tracer", Broken())
     response, spans = await _get(telemetry, "/items/5")
     assert response.status_code == 200 and response.json() == {"item": "5"}
     assert spans == []
