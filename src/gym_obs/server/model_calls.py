@@ -40,6 +40,7 @@ from gym_obs.telemetry.genai import (
     update_from_event,
 )
 from gym_obs.telemetry.metrics import AttributeCache, Instruments
+from gym_obs.telemetry.spans import set_trusted_attributes
 
 __all__ = [
     "MODEL_CALLS_CONFIG_KEY",
@@ -148,6 +149,13 @@ class _Call:
         "tail",
         "was_read",
     )
+
+    # set in _start for the reply's kind only
+    json_parts: list[bytes]
+    json_bytes: int
+    sse: SseEvents
+    head_bytes: int
+    tail: deque[bytes] | None
 
     def __init__(
         self,
@@ -259,7 +267,7 @@ class _Call:
             self.tail = None
             self.mode = _HEAD
         elif b"json" in content_type:
-            self.json_parts: list[bytes] = []
+            self.json_parts = []
             self.json_bytes = 0
             self.mode = _JSON
         else:
@@ -347,9 +355,9 @@ class _Call:
         operation, facts = self.operation, self.facts
         for block in blocks[-TAIL_EVENTS:]:
             if _late_event(operation, block):  # a byte search before any per-line work
-                event = _event_data(block)
-                if event is not None:
-                    update_from_event(operation, event, facts)
+                data = _event_data(block)
+                if data is not None:
+                    update_from_event(operation, data, facts)
         return bool(rest.strip())
 
     def outcome(self, error: BaseException | None) -> str:
@@ -515,7 +523,7 @@ class ModelCallMiddleware:
             instruments.gen_ai_server_unparsable.add(1, self._with_reason.get(*labels, facts.problem))
         span = call.span
         if span is not None:
-            span.set_attributes(self._span_attributes(call, outcome))
+            set_trusted_attributes(span, self._span_attributes(call, outcome))
 
     def _span_attributes(self, call: _Call, outcome: str) -> dict[str, Any]:
         facts = call.facts

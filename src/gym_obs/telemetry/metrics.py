@@ -14,7 +14,12 @@ from typing import Final
 from opentelemetry.metrics import Counter, Histogram, Meter, UpDownCounter
 
 from gym_obs.telemetry import names
-from gym_obs.telemetry.preaggregated import PreAggregatedCounter, PreAggregatedHistogram, PreAggregation, attach
+from gym_obs.telemetry.preaggregated import (
+    PreAggregatedCounter,
+    PreAggregatedHistogram,
+    PreAggregation,
+    attach,
+)
 
 __all__ = ["AttributeCache", "CounterLike", "HistogramLike", "Instruments", "instruments_for"]
 

@@ -1,4 +1,4 @@
-"""Pre-aggregated instruments: a histogram or counter summed in-process, handed to the SDK's readers at export.
+"""Pre-aggregated instruments: histograms and counters summed in-process, read by the SDK's readers.
 
 The SDK's ``Histogram.record`` costs several microseconds (attribute validation and hashing, exemplar
 sampling, the measurement object); a model call records four to six measurements, which alone is more than
@@ -45,6 +45,7 @@ _MAX_IDENTITIES: Final = 4096
 #: Distinct attribute sets per instrument; beyond this a measurement is dropped (labels must be bounded).
 MAX_SERIES: Final = 2048
 
+_INF: Final = float("inf")
 _CUMULATIVE: Final = AggregationTemporality.CUMULATIVE
 _DELTA: Final = AggregationTemporality.DELTA
 
@@ -52,7 +53,7 @@ _DELTA: Final = AggregationTemporality.DELTA
 class _Series:
     """One attribute set's running totals (and, for delta readers, the window since the last export)."""
 
-    __slots__ = ("attributes", "counts", "count", "max", "min", "start_ns", "sum", "window_max", "window_min")
+    __slots__ = ("attributes", "count", "counts", "max", "min", "start_ns", "sum", "window_max", "window_min")
 
     def __init__(self, attributes: Mapping[str, Any], buckets: int) -> None:
         self.attributes = dict(attributes)
@@ -69,7 +70,7 @@ class _Series:
 class _Instrument:
     """The series lookup shared by both kinds."""
 
-    __slots__ = ("_by_id", "_by_value", "_buckets", "_lock", "description", "name", "unit")
+    __slots__ = ("_buckets", "_by_id", "_by_value", "_lock", "description", "name", "unit")
 
     def __init__(self, name: str, unit: str, description: str, buckets: int, lock: threading.Lock) -> None:
         self.name = name
@@ -109,7 +110,7 @@ class PreAggregatedHistogram(_Instrument):
         self.boundaries = tuple(float(b) for b in boundaries)
 
     def record(self, amount: float, attributes: Mapping[str, Any]) -> None:
-        if not 0 <= amount < float("inf"):  # the SDK drops negative and non-finite values too
+        if not 0 <= amount < _INF:  # the SDK drops negative and non-finite values too
             return
         entry = self._by_id.get(id(attributes))
         with self._lock:
@@ -124,10 +125,7 @@ class PreAggregatedHistogram(_Instrument):
             series.counts[bisect_left(self.boundaries, amount)] += 1
             series.count += 1
             series.sum += amount
-            if amount < series.min:
-                series.min = amount
-            if amount > series.max:
-                series.max = amount
+            # only the window's extremes here; they are folded into the running ones at export
             if amount < series.window_min:
                 series.window_min = amount
             if amount > series.window_max:
@@ -143,7 +141,7 @@ class PreAggregatedCounter(_Instrument):
         super().__init__(name, unit, description, 0, lock)
 
     def add(self, amount: float, attributes: Mapping[str, Any]) -> None:
-        if not 0 <= amount < float("inf"):
+        if not 0 <= amount < _INF:
             return
         entry = self._by_id.get(id(attributes))
         with self._lock:
@@ -201,6 +199,10 @@ class PreAggregation:
                 histogram = isinstance(instrument, PreAggregatedHistogram)
                 temporality = _temporality(temporalities, SdkHistogram if histogram else SdkCounter)
                 points: list[Any] = []
+                if histogram:
+                    for series in instrument.snapshot():
+                        series.min = min(series.min, series.window_min)
+                        series.max = max(series.max, series.window_max)
                 for series in instrument.snapshot():
                     point = _point(instrument, series, temporality, view, now)
                     if point is not None:
@@ -217,7 +219,12 @@ class PreAggregation:
                     else Sum(data_points=points, aggregation_temporality=temporality, is_monotonic=True)
                 )
                 metrics.append(
-                    Metric(name=instrument.name, description=instrument.description, unit=instrument.unit, data=data)
+                    Metric(
+                        name=instrument.name,
+                        description=instrument.description,
+                        unit=instrument.unit,
+                        data=data,
+                    )
                 )
         view.last_ns = now
         return metrics
@@ -240,11 +247,13 @@ class PreAggregation:
             merged.append(existing)
         if not added:
             merged.append(scope)
-        return MetricsData(resource_metrics=[ResourceMetrics(first.resource, merged, first.schema_url), *rest])
+        return MetricsData(
+            resource_metrics=[ResourceMetrics(first.resource, merged, first.schema_url), *rest]
+        )
 
 
 def _temporality(temporalities: Mapping[type, AggregationTemporality], kind: type) -> AggregationTemporality:
-    """The reader's temporality for ``kind`` (its keys are the SDK's private subclasses of the public ones)."""
+    """The reader's temporality for ``kind`` (its keys are private SDK subclasses of the public ones)."""
     for cls, temporality in temporalities.items():
         if isinstance(cls, type) and issubclass(cls, kind):
             return temporality
@@ -290,7 +299,7 @@ def _point(
         count=count,
         sum=total,
         bucket_counts=counts,
-        explicit_bounds=instrument.boundaries,  # type: ignore[union-attr]
+        explicit_bounds=instrument.boundaries,
         min=low,
         max=high,
     )
