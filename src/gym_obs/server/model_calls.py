@@ -327,7 +327,7 @@ class _Call:
         limit = RESPONSES_TAIL_BYTES if responses else TAIL_BYTES
         trimmed = len(tail) == tail.maxlen  # older chunks may have left the ring
         if sum(map(len, tail)) <= 4 * limit:
-            data = b"".join(tail)
+            joined = b"".join(tail)
         else:  # a few huge chunks: join only what the limit keeps
             bodies: list[bytes] = []
             size = 0
@@ -336,10 +336,11 @@ class _Call:
                 size += len(body)
                 if size > limit:
                     break
-            data = b"".join(reversed(bodies))
-        if len(data) > limit:
-            data = data[len(data) - limit :]
+            joined = b"".join(reversed(bodies))
+        if len(joined) > limit:
+            joined = joined[len(joined) - limit :]
             trimmed = True
+        data = joined
         if b"\r" in data:
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         blocks = data.split(b"\n\n")  # one C call; the last piece is what follows the last event
@@ -355,9 +356,9 @@ class _Call:
         operation, facts = self.operation, self.facts
         for block in blocks[-TAIL_EVENTS:]:
             if _late_event(operation, block):  # a byte search before any per-line work
-                data = _event_data(block)
-                if data is not None:
-                    update_from_event(operation, data, facts)
+                payload = _event_data(block)
+                if payload is not None:
+                    update_from_event(operation, payload, facts)
         return bool(rest.strip())
 
     def outcome(self, error: BaseException | None) -> str:
