@@ -69,7 +69,7 @@ def rollouts() -> dict[str, Any]:
             f"sum by ({_OUTCOME}) (increase({all_rollouts}[$__range]))", _legend(_OUTCOME), instant=True
         ),
     )
-    failed = p.selector(ROLLOUTS.series(), f'{_OUTCOME}="{names.ROLLOUT_OUTCOME_FAILURE}"')
+    failed = p.selector(ROLLOUTS.series(), f'{_OUTCOME}="{names.ROLLOUT_OUTCOME_FAILED}"')
     board.timeseries(
         "Rollout failure ratio",
         "Failed rollouts / all finished rollouts.",

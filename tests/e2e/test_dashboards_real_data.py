@@ -277,7 +277,7 @@ def test_rollouts_were_scraped_while_they_ran(live: LiveRun) -> None:
 
 def test_the_faults_produced_failures_retries_and_pool_waits(live: LiveRun) -> None:
     final = live.final
-    assert final["outcomes"].get(names.ROLLOUT_OUTCOME_FAILURE, 0) > 0
+    assert final["outcomes"].get(names.ROLLOUT_OUTCOME_FAILED, 0) > 0
     assert final["retries"].get(names.RETRY_REASON_SERVER_DISCONNECTED, 0) > 0
     assert final["pool_waits"].get(f"{names.POOL_DATA}/{names.POOL_OUTCOME_OK}", 0) > 0
     kinds = {key.split("/")[0] for key in final["failure_events"]}

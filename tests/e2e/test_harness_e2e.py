@@ -56,8 +56,18 @@ def check_rollout_trace(trace: list[dict[str, Any]], rollout_id: str) -> None:
     assert {service_of(s) for s in trace} == SERVICES
     by_id = {s["span_id"]: s for s in trace}
     roots = [s for s in trace if not s["parent_span_id"]]
-    assert [(r["name"], service_of(r)) for r in roots] == [(names.SPAN_ROLLOUT, "gym/harness")]
+    assert [(r["name"], service_of(r)) for r in roots] == [(names.SPAN_HARNESS_ROLLOUT, "gym/harness")]
     assert roots[0]["attributes"][names.ATTR_ROLLOUT_ID] == rollout_id
+    # the agent's gym.rollout span: a child of its SERVER span, the parent of every hop the agent makes
+    (rollout,) = [s for s in trace if s["name"] == names.SPAN_ROLLOUT]
+    assert service_of(rollout).startswith("gym/agent")
+    assert by_id[rollout["parent_span_id"]]["kind"] == SPAN_KIND_SERVER
+    assert service_of(by_id[rollout["parent_span_id"]]) == service_of(rollout)
+    assert rollout["attributes"][names.ATTR_ROLLOUT_ID] == rollout_id
+    agent_clients = [
+        s for s in trace if s["kind"] == SPAN_KIND_CLIENT and service_of(s) == service_of(rollout)
+    ]
+    assert agent_clients and all(s["parent_span_id"] == rollout["span_id"] for s in agent_clients)
     for span in trace:
         if span is roots[0]:
             continue
@@ -135,7 +145,7 @@ def test_rollouts_through_a_real_collector(tmp_path: Path) -> None:
         assert done.returncode == 0, done.stderr[-3000:]
         rows = read_rows(out)
         summary = json.loads((out / "latest" / "summary.json").read_text())
-        wanted = {r["trace_id"] for r in rows if r["outcome"] == names.ROLLOUT_OUTCOME_SUCCESS}
+        wanted = {r["trace_id"] for r in rows if r["outcome"] == names.ROLLOUT_OUTCOME_COMPLETED}
 
         def complete(got: list[dict[str, Any]]) -> bool:
             services: dict[str, set[str]] = defaultdict(set)
@@ -153,7 +163,7 @@ def test_rollouts_through_a_real_collector(tmp_path: Path) -> None:
 
     assert len(rows) == 48 and summary["rollouts"] == 48
     injected = summary["faults_injected"]
-    successes = [r for r in rows if r["outcome"] == names.ROLLOUT_OUTCOME_SUCCESS]
+    successes = [r for r in rows if r["outcome"] == names.ROLLOUT_OUTCOME_COMPLETED]
     assert successes and all(r["trace_id"] for r in rows)
 
     # every completed rollout is one trace across driver, agent, model and resources
@@ -184,7 +194,7 @@ def test_rollouts_through_a_real_collector(tmp_path: Path) -> None:
     verifier = [r for r in rows if r.get("root_cause", {}).get("kind") == "verifier_error"]
     assert len(verifier) == injected["resources_0"]["raise"] > 0
     for row in verifier:
-        assert row["outcome"] == names.ROLLOUT_OUTCOME_FAILURE
+        assert row["outcome"] == names.ROLLOUT_OUTCOME_FAILED
         assert row["root_cause"]["boundary"] == "resources_server"
         assert row["root_cause"]["foreign_cause"] == "ZeroDivisionError"
         report = read_report_from_row(row)
@@ -201,7 +211,7 @@ def test_rollouts_through_a_real_collector(tmp_path: Path) -> None:
     outcomes = {
         m["attributes"].get(names.ATTR_ROLLOUT_OUTCOME) for m in metrics if m["name"] == names.METRIC_ROLLOUTS
     }
-    assert outcomes == {names.ROLLOUT_OUTCOME_SUCCESS, names.ROLLOUT_OUTCOME_FAILURE}
+    assert outcomes == {names.ROLLOUT_OUTCOME_COMPLETED, names.ROLLOUT_OUTCOME_FAILED}
     kinds = {
         m["attributes"].get(names.ATTR_FAILURE_KIND)
         for m in metrics
@@ -239,7 +249,7 @@ def test_collector_outage_completes_the_run(tmp_path: Path) -> None:
     assert time.monotonic() - started < 60
     rows = read_rows(out)
     summary = json.loads((out / "latest" / "summary.json").read_text())
-    failed = [r for r in rows if r["outcome"] != names.ROLLOUT_OUTCOME_SUCCESS]
+    failed = [r for r in rows if r["outcome"] != names.ROLLOUT_OUTCOME_COMPLETED]
     # every rollout without an injected fault completed
     assert len(rows) == 60
     assert len(failed) == summary["faults_injected"]["resources_0"]["raise"]
@@ -300,14 +310,14 @@ def test_embedded_default_with_every_fault(tmp_path: Path) -> None:
         assert any(f.startswith(f"gym_{service}-") and f.endswith(".metrics.jsonl") for f in files), files
     spans = list(iter_spans(out / "latest" / "telemetry"))
     traces = traces_by_id(spans)
-    successes = [r for r in rows if r["outcome"] == names.ROLLOUT_OUTCOME_SUCCESS]
+    successes = [r for r in rows if r["outcome"] == names.ROLLOUT_OUTCOME_COMPLETED]
     assert successes
     for row in successes:
         check_rollout_trace(traces[row["trace_id"]], row["rollout_id"])
 
     # failures are typed, bounded and keep the original HTTP error when a report is bad
     for row in rows:
-        if row["outcome"] == names.ROLLOUT_OUTCOME_FAILURE:
+        if row["outcome"] == names.ROLLOUT_OUTCOME_FAILED:
             assert row["root_cause"]["kind"] in FAILURE_KINDS
             assert len(json.dumps(row)) < 64 * 1024  # a 4 MB error body never reaches a row whole
     kinds = {r["root_cause"]["kind"] for r in rows if "root_cause" in r}

@@ -13,6 +13,13 @@ from gym_obs.server.middleware import (
     boundary_for_server_type,
 )
 from gym_obs.server.ops import ServerProfiler, UlimitResult, set_ulimit
+from gym_obs.server.rollouts import (
+    RolloutOmitted,
+    RolloutTally,
+    current_rollout,
+    rollout_route,
+    rollout_scope,
+)
 from gym_obs.server.sessions import (
     SESSION_ID_KEY,
     OwnedSessionRouting,
@@ -36,16 +43,21 @@ __all__ = [
     "LaunchError",
     "OwnedSessionRouting",
     "PathContextMiddleware",
+    "RolloutOmitted",
+    "RolloutTally",
     "ServerProfiler",
     "ServerStartupError",
     "SessionMiddleware",
     "SimpleServer",
     "UlimitResult",
     "boundary_for_server_type",
+    "current_rollout",
     "current_session_id",
     "instrument_app_for_telemetry",
     "launch",
     "load_server",
+    "rollout_route",
+    "rollout_scope",
     "set_ulimit",
     "validate_forwarded_allow_ips",
 ]
