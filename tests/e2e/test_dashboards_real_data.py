@@ -60,6 +60,7 @@ RUN_ARGS = (
     "--model-latency-ms=80",
     "--pool-limit-per-host=4",  # 8 rollouts x 3 fan-out calls through 4 connections: requests queue
     "--seed=7",
+    "--stream",  # streamed model replies: the model-calls board's time-to-first-token panel has data
     "--linger=120",  # an upper bound: the test ends the wait with SIGTERM once it has checked
 )
 FAULTS = [
@@ -206,7 +207,8 @@ def _final_totals(api: PrometheusAPI) -> dict[str, dict[str, float]]:
 
 def _summary_totals(summary: dict[str, Any]) -> dict[str, dict[str, float]]:
     return {
-        "outcomes": {k: float(v) for k, v in summary["outcomes"].items()},
+        # an outcome no rollout had (omitted, here) is 0 in the summary and no series in Prometheus
+        "outcomes": {k: float(v) for k, v in summary["outcomes"].items() if v},
         "retries": {k: float(v) for k, v in summary["retries"]["by_reason"].items()},
         "pool_waits": {k: float(v["count"]) for k, v in summary["pool_waits"].items()},
         "failure_events": {k: float(v) for k, v in summary["failure_events"].items()},
@@ -327,13 +329,14 @@ def test_every_panel_shows_more_than_zeros(live: LiveRun, committed: dict[str, d
         ("gym-http-client.json", "gym/agent_0"),
         ("gym-servers.json", "gym/model_0"),
         ("gym-failures.json", "gym/agent_0"),
+        ("gym-model-calls.json", "gym/model_0"),
     ],
 )
 def test_one_service_selected_by_job_has_data(
     live: LiveRun, committed: dict[str, dict[str, Any]], board: str, job: str
 ) -> None:
     """The ``job`` variable selects one process by the label Prometheus really gave it. (Not the rollouts
-    board: rollouts come from the driver, failure events from the servers.)"""
+    board: rollouts come from the agents, failure events from every server.)"""
     report = check_dashboards(live.url, [committed[board]], live.window(), variables={"job": job})
     assert report.ok, report.summary()
 
@@ -347,7 +350,14 @@ def _misspell(name: str) -> str:
 
 
 @pytest.mark.parametrize(
-    "file_name", ["gym-rollouts.json", "gym-http-client.json", "gym-servers.json", "gym-failures.json"]
+    "file_name",
+    [
+        "gym-rollouts.json",
+        "gym-http-client.json",
+        "gym-servers.json",
+        "gym-failures.json",
+        "gym-model-calls.json",
+    ],
 )
 def test_negative_control_misspelled_metric_is_caught(
     live: LiveRun, committed: dict[str, dict[str, Any]], file_name: str

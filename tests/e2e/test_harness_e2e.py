@@ -21,7 +21,7 @@ import pytest
 
 from gym_obs.failures import FAILURE_KINDS, read_report_from_row
 from gym_obs.harness.faults import CANARY_SECRET
-from gym_obs.harness.telemetry_files import iter_spans
+from gym_obs.harness.telemetry_files import iter_spans, read_metric_totals
 from gym_obs.telemetry import names
 from tests.e2e.rotel_collector import SPAN_KIND_CLIENT, SPAN_KIND_SERVER, RotelCollector
 
@@ -398,3 +398,57 @@ def test_prometheus_endpoints_per_process(tmp_path: Path) -> None:
     finally:
         _, stderr = process.communicate(timeout=120)
     assert process.returncode == 0, stderr[-3000:]
+
+
+@pytest.mark.parametrize(("stream", "port_base"), [(False, 16900), (True, 16950)], ids=["json", "sse"])
+def test_row_token_totals_are_what_the_model_servers_reported(
+    tmp_path: Path, stream: bool, port_base: int
+) -> None:
+    """The agents' per-rollout tallies (rows, summary, the gym.rollout span) add up to the tokens the model
+    servers' model-call layer read off the same replies; streamed calls also have first-token times."""
+    out = tmp_path / "out"
+    args = ["--rollouts", "12", "--concurrency", "4", "--seed", "5", "--port-base", str(port_base)]
+    done = run_harness(out, *args, *(["--stream"] if stream else []))
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = read_rows(out)
+    summary = json.loads((out / "latest" / "summary.json").read_text())
+    assert len(rows) == 12 and all(r["outcome"] == names.ROLLOUT_OUTCOME_COMPLETED for r in rows)
+    assert all(r["model_calls"] == MODEL_CALLS for r in rows)
+    assert all(r["input_tokens"] > 0 and r["output_tokens"] > 0 for r in rows)
+    assert all(0 < r["model_time_s"] <= r["duration_s"] and r["other_time_s"] >= 0 for r in rows)
+    if stream:
+        assert all(0 < r["ttft_p50_s"] <= r["ttft_p99_s"] <= r["model_time_s"] for r in rows)
+    else:
+        assert all(r["ttft_p50_s"] is None for r in rows)
+
+    totals = read_metric_totals(out / "latest" / "telemetry")
+    reported = {
+        token_type: hist.total
+        for token_type, hist in totals.histogram_by(
+            names.METRIC_GEN_AI_SERVER_TOKEN_USAGE, lambda a: a.get(names.ATTR_GEN_AI_TOKEN_TYPE)
+        ).items()
+    }
+    row_input = sum(r["input_tokens"] for r in rows)
+    row_output = sum(r["output_tokens"] for r in rows)
+    assert reported[names.GEN_AI_TOKEN_INPUT] == row_input
+    assert reported[names.GEN_AI_TOKEN_OUTPUT] == row_output
+    model = summary["model_calls"]
+    assert (model["input_tokens"], model["output_tokens"]) == (row_input, row_output)
+    assert model["model_calls"] == 12 * MODEL_CALLS and model["rollouts_reporting"] == 12
+    assert (model["ttft_p50_s"]["count"] > 0) is stream
+
+    # the agent's gym.rollout span carries the same totals; the rollouts metric is the agent's, by outcome
+    spans = [s for s in iter_spans(out / "latest" / "telemetry") if s["name"] == names.SPAN_ROLLOUT]
+    by_rollout = {s["attributes"][names.ATTR_ROLLOUT_ID]: s["attributes"] for s in spans}
+    for row in rows:
+        attributes = by_rollout[row["rollout_id"]]
+        assert attributes[names.ATTR_ROLLOUT_OUTCOME] == names.ROLLOUT_OUTCOME_COMPLETED
+        assert attributes[names.ATTR_ROLLOUT_INPUT_TOKENS] == row["input_tokens"]
+        assert attributes[names.ATTR_ROLLOUT_OUTPUT_TOKENS] == row["output_tokens"]
+        assert attributes[names.ATTR_ROLLOUT_MODEL_CALLS] == MODEL_CALLS
+    outcomes = totals.sum_by(names.METRIC_ROLLOUTS, lambda a: a.get(names.ATTR_ROLLOUT_OUTCOME))
+    assert outcomes == {names.ROLLOUT_OUTCOME_COMPLETED: 12.0}
+    durations = totals.histogram_by(
+        names.METRIC_ROLLOUT_DURATION, lambda a: a.get(names.ATTR_ROLLOUT_OUTCOME)
+    )
+    assert durations[names.ROLLOUT_OUTCOME_COMPLETED].count == 12
