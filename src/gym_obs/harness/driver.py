@@ -1,12 +1,12 @@
 """The driver: many concurrent rollouts through the agents, one traced span and one row per rollout.
 
 The driver is a gym process like the servers (service ``gym/harness``): each rollout is an INTERNAL span
-``gym.harness.rollout`` whose trace continues through the agent (its ``gym.rollout`` span) into the model
-and resources servers, the rollout id travels with every hop, and a failure comes back as the remote root
-cause (``raise_boundary_failure``),
-never as a bare HTTP 500. Failures the driver observes itself (the agent unreachable, a timeout, a reply
-that is not the agent protocol) are ``NgFailureEvent``s at boundary ``harness`` raised from the error they
-saw: one bad reply fails one rollout, never the run.
+``gym.harness.rollout`` whose trace continues through the agent (its ``gym.rollout`` span, which counts
+the rollout's outcome) into the model and resources servers; the rollout id travels with every hop, and a
+failure comes back as the remote root cause (``raise_boundary_failure``), never as a bare HTTP 500.
+Failures the driver observes itself (the agent unreachable, a timeout, a reply that is not the agent
+protocol) are ``NgFailureEvent``s at boundary ``harness`` raised from the error they saw: one bad reply
+fails one rollout, never the run.
 """
 
 from __future__ import annotations

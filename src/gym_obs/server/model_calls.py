@@ -344,8 +344,8 @@ class _Call:
         if b"\r" in data:
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         blocks = data.split(b"\n\n")  # one C call; the last piece is what follows the last event
-        if not trimmed and len(blocks) <= TAIL_EVENTS + 1:
-            # a short tail continues the head's reader (an event may have started before the tail)
+        if not trimmed and self.sse.pending:
+            # the head's reader stopped inside an event: the tail continues it
             for event in self.sse.feed(data):
                 if _late_event(self.operation, event):
                     update_from_event(self.operation, event, self.facts)
