@@ -46,12 +46,8 @@ def _chain() -> NgFailureEvent:
                 _ = 1 / 0
             except ZeroDivisionError as zde:
                 raise NgFailureEvent(
-                    "verifier_error",
-                    "verifier crashed on task 17",
-                    boundary="resources_server",
-                    stage="verification",
-                    http_status=500,
-                    details={"verifier": "math", "task": 17},
+                    "verifier_error", "verifier crashed on task 17", boundary="resources_server",
+                    stage="verification", http_status=500, details={"verifier": "math", "task": 17},
                 ) from zde
         except NgFailureEvent as remote:
             raise NgFailureEvent(

@@ -114,18 +114,8 @@ def test_sigkill_keeps_every_row_the_run_reported_finished(tmp_path: Path) -> No
 def test_malformed_agent_bodies_fail_their_rollouts_and_the_run_goes_on(tmp_path: Path) -> None:
     plan = _plan(tmp_path, {"server": "agent", "route": "/run", "rate": 0.25, "action": "malformed_body"})
     summary, rows = _run(
-        tmp_path,
-        "--rollouts",
-        "48",
-        "--concurrency",
-        "6",
-        "--port-base",
-        "32010",
-        "--faults",
-        str(plan),
-        "--seed",
-        "3",
-        "--no-telemetry",
+        tmp_path, "--rollouts", "48", "--concurrency", "6", "--port-base", "32010", "--faults", str(plan),
+        "--seed", "3", "--no-telemetry",
     )
     injected = summary["faults_injected"]["agent_0"]["malformed_body"]
     assert injected >= len(MALFORMED_BODIES)  # every kind of bad body was served at least once
@@ -150,17 +140,8 @@ def test_malformed_agent_bodies_fail_their_rollouts_and_the_run_goes_on(tmp_path
 def test_success_rows_record_the_failures_their_agent_recovered_from(tmp_path: Path) -> None:
     plan = _plan(tmp_path, {"server": "model", "route": "/v1/responses", "rate": 0.2, "action": "disconnect"})
     summary, rows = _run(
-        tmp_path,
-        "--rollouts",
-        "40",
-        "--concurrency",
-        "4",
-        "--port-base",
-        "32020",
-        "--faults",
-        str(plan),
-        "--seed",
-        "5",
+        tmp_path, "--rollouts", "40", "--concurrency", "4", "--port-base", "32020", "--faults", str(plan),
+        "--seed", "5",
     )
     injected = summary["faults_injected"]["model_0"]["disconnect"]
     successes = [r for r in rows if r["outcome"] == names.ROLLOUT_OUTCOME_COMPLETED]
@@ -196,22 +177,8 @@ def test_streamed_summary_matches_the_rows_within_its_stated_precision(tmp_path:
     """More rollouts than the sketch keeps exactly: the summary's quantiles are within its stated relative
     error of the exact quantiles of the rows' durations."""
     summary, rows = _run(
-        tmp_path,
-        "--rollouts",
-        "1500",
-        "--concurrency",
-        "32",
-        "--port-base",
-        "32030",
-        "--turns",
-        "1",
-        "--fanout",
-        "1",
-        "--model-latency-ms",
-        "2",
-        "--latency-distribution",
-        "exponential",
-        "--no-telemetry",
+        tmp_path, "--rollouts", "1500", "--concurrency", "32", "--port-base", "32030", "--turns", "1",
+        "--fanout", "1", "--model-latency-ms", "2", "--latency-distribution", "exponential", "--no-telemetry",
     )
     precision = summary["quantile_precision"]
     assert precision == {"exact_up_to": QuantileSketch.EXACT_LIMIT, "relative_error": 0.01}

@@ -149,8 +149,7 @@ class RawServer:
             reason = "OK" if action.status < 400 else "Error"
             writer.write(
                 f"HTTP/1.1 {action.status} {reason}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(action.body)}\r\n\r\n".encode()
-                + action.body
+                f"Content-Length: {len(action.body)}\r\n\r\n".encode() + action.body
             )
             await writer.drain()
             return True

@@ -41,9 +41,7 @@ class RelayServer(SimpleServer):
             error: NgFailureEvent | None = None
             for i in range(60):
                 event = NgFailureEvent(
-                    "verifier_error",
-                    f"layer {i} " + "x" * 900,
-                    boundary="resources_server",
+                    "verifier_error", f"layer {i} " + "x" * 900, boundary="resources_server",
                     details={"layer": i, "note": "y" * 400},
                 )
                 event.__cause__ = error

@@ -33,13 +33,8 @@ def clean_env(extra: dict[str, str]) -> dict[str, str]:
 
 async def start_script(script: str, env: dict[str, str], *args: str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        textwrap.dedent(script),
-        *args,
-        env=clean_env(env),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+        sys.executable, "-c", textwrap.dedent(script), *args, env=clean_env(env),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
 
 

@@ -59,6 +59,10 @@ async def pools() -> AsyncIterator[Setup]:
     _sessions.configure(GlobalAIOHTTPAsyncClientConfig())
 
 
+
+
+
+
 async def test_drops_before_reply_are_retried_in_one_span(
     pools: Setup, raw_server: ServerFactory, telemetry: Capture
 ) -> None:
@@ -86,14 +90,8 @@ async def test_drops_before_reply_are_retried_in_one_span(
     assert all(e[names.ATTR_BODY_UPLOADED] is True for e in events)
     assert all(isinstance(e[names.ATTR_BACKOFF_SECONDS], float) for e in events)
 
-    assert (
-        metric_sum(
-            telemetry,
-            names.METRIC_CLIENT_RETRIES,
-            **{names.ATTR_SERVER_NAME: "resources", names.ATTR_RETRY_REASON: "server_disconnected"},
-        )
-        == 2
-    )
+    assert metric_sum(telemetry, names.METRIC_CLIENT_RETRIES, **{
+        names.ATTR_SERVER_NAME: "resources", names.ATTR_RETRY_REASON: "server_disconnected"}) == 2
     durations = telemetry.metric_points(names.METRIC_HTTP_CLIENT_REQUEST_DURATION)
     assert sum(p.count for p in durations) == 3
     ok = [p for p in durations if p.attributes.get(names.ATTR_HTTP_RESPONSE_STATUS_CODE) == 200]
@@ -125,10 +123,8 @@ async def test_refused_connections_end_within_the_budget_with_a_clear_error(
     assert attrs[names.ATTR_HTTP_REQUEST_RESEND_COUNT] == error.attempts - 1
     assert len(attempt_events(span)) == error.attempts
     assert all(e[names.ATTR_BODY_UPLOADED] is False for e in attempt_events(span))
-    assert (
-        metric_sum(telemetry, names.METRIC_CLIENT_RETRIES, **{names.ATTR_RETRY_REASON: "connection_refused"})
-        == error.attempts - 1
-    )
+    assert metric_sum(telemetry, names.METRIC_CLIENT_RETRIES, **{
+        names.ATTR_RETRY_REASON: "connection_refused"}) == error.attempts - 1
     recorded = [str(error)] + [str(v) for v in attrs.values()]
     for event in span.events:
         recorded += [str(v) for v in (event.attributes or {}).values()]
@@ -144,12 +140,8 @@ async def test_a_connect_timeout_message_with_the_url_is_scrubbed_in_events(
     holder = asyncio.create_task(request("GET", f"{server.url}/hold"))
     await asyncio.wait_for(server.wait_for_requests(1), 5)
     with pytest.raises(RetriesExhaustedError) as info:
-        await request(
-            "GET",
-            f"{server.url}/q?token=TOPSECRET",
-            timeout=aiohttp.ClientTimeout(connect=0.05),
-            _max_num_tries=2,
-        )
+        await request("GET", f"{server.url}/q?token=TOPSECRET", timeout=aiohttp.ClientTimeout(connect=0.05),
+                      _max_num_tries=2)
     assert "TOPSECRET" in str(info.value.__cause__)  # aiohttp puts the whole URL in its message
     holder.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -182,9 +174,8 @@ async def test_a_connection_never_made_is_retried_even_without_resend(
         return await raw_server(port=port)
 
     starter = asyncio.create_task(start_later())
-    response = await request(
-        "POST", f"http://127.0.0.1:{port}/run", data=b"payload", _resend_after_disconnect=False
-    )
+    response = await request("POST", f"http://127.0.0.1:{port}/run", data=b"payload",
+                             _resend_after_disconnect=False)
     server = await starter
     assert response.status == 200
     response.release()
@@ -298,10 +289,8 @@ async def test_a_10mb_error_body_is_not_retried_and_is_read_bounded(
     (span,) = client_spans(telemetry)
     assert span.status.status_code == StatusCode.ERROR
     assert (span.attributes or {})[names.ATTR_ERROR_TYPE] == "500"
-    assert (
-        metric_sum(telemetry, names.METRIC_HTTP_CLIENT_REQUEST_DURATION, **{names.ATTR_ERROR_TYPE: "500"})
-        == 1
-    )
+    assert metric_sum(telemetry, names.METRIC_HTTP_CLIENT_REQUEST_DURATION,
+                     **{names.ATTR_ERROR_TYPE: "500"}) == 1
 
 
 async def test_a_caller_cancelling_mid_request_is_not_an_error(
@@ -348,9 +337,7 @@ async def test_transport_failure_hook_sees_every_failed_attempt(
     response = await request("GET", f"{server.url}/x?secret=1", _on_transport_failure=hook)
     response.release()
     assert [(f.attempt, f.reason, f.will_retry) for f in seen] == [
-        (1, "server_disconnected", True),
-        (2, "server_disconnected", True),
-    ]
+        (1, "server_disconnected", True), (2, "server_disconnected", True)]
     assert seen[0].destination == f"{server.url}/x"
     assert seen[0].failure_kind == "transport_peer_drop"
 
@@ -385,12 +372,8 @@ async def test_retried_attempts_become_failure_events_of_the_current_request(
     pools()
     server = await raw_server(lambda i: DROP if i < 1 else REPLY)
     with request_failure_log() as log:
-        response = await request(
-            "POST",
-            f"{server.url}/v1/responses",
-            json={},
-            _on_transport_failure=observe_transport_failures("model"),
-        )
+        response = await request("POST", f"{server.url}/v1/responses", json={},
+                                 _on_transport_failure=observe_transport_failures("model"))
         response.release()
     (record,) = [r for r in log.events.values() if r.get("boundary") == "model"]
     assert record["failure_kind"] == "transport_peer_drop"

@@ -61,6 +61,8 @@ async def pools() -> AsyncIterator[None]:
     _sessions.configure(GlobalAIOHTTPAsyncClientConfig())
 
 
+
+
 @pytest.fixture(params=[True, False], ids=["telemetry_on", "telemetry_off"])
 def capture(request: pytest.FixtureRequest) -> Capture | None:
     """The in-memory telemetry capture when on; None (and telemetry really off) when off."""
@@ -85,6 +87,8 @@ def _kwargs(method: str, headers: dict[str, str]) -> dict[str, Any]:
     if method == "POST":
         kwargs["json"] = {"q": 1, "when": dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)}
     return kwargs
+
+
 
 
 def _everything_recorded(capture: Capture) -> str:
@@ -127,13 +131,8 @@ async def test_success(
 ) -> None:
     server = await raw_server()
     headers = {"X-Caller": "1"}
-    response = await request(
-        method,
-        f"{server.url}/v1/run?key=SECRET",
-        _internal=internal,
-        _server_name="model",
-        **_kwargs(method, headers),
-    )
+    response = await request(method, f"{server.url}/v1/run?key=SECRET", _internal=internal,
+                             _server_name="model", **_kwargs(method, headers))
     assert response.status == 200 and await response.json() == {"ok": True}
     assert headers == {"X-Caller": "1"}  # the caller's dict is never mutated
     _check_sent(server, method, 1)
@@ -163,12 +162,8 @@ async def test_dropped_twice_then_ok(
 ) -> None:
     server = await raw_server(lambda i: DROP if i < 2 else REPLY)
     headers = {"X-Caller": "1"}
-    response = await request(
-        method,
-        f"http://u:pw@127.0.0.1:{server.port}/v1/run?key=SECRET",
-        _internal=internal,
-        **_kwargs(method, headers),
-    )
+    response = await request(method, f"http://u:pw@127.0.0.1:{server.port}/v1/run?key=SECRET",
+                             _internal=internal, **_kwargs(method, headers))
     assert response.status == 200
     response.release()
     assert headers == {"X-Caller": "1"}
@@ -187,14 +182,8 @@ async def test_dropped_twice_then_ok(
         assert event[names.ATTR_ERROR_TYPE] == "ServerDisconnectedError"
         assert isinstance(event[names.ATTR_BACKOFF_SECONDS], float) and event[names.ATTR_BACKOFF_SECONDS] >= 0
         assert event[names.ATTR_BODY_UPLOADED] is True
-    assert (
-        metric_sum(
-            capture,
-            names.METRIC_CLIENT_RETRIES,
-            **{names.ATTR_RETRY_REASON: names.RETRY_REASON_SERVER_DISCONNECTED},
-        )
-        == 2
-    )
+    assert metric_sum(capture, names.METRIC_CLIENT_RETRIES, **{
+        names.ATTR_RETRY_REASON: names.RETRY_REASON_SERVER_DISCONNECTED}) == 2
     durations = capture.metric_points(names.METRIC_HTTP_CLIENT_REQUEST_DURATION)
     assert sum(p.count for p in durations) == 3
     recorded = _everything_recorded(capture)
@@ -205,9 +194,8 @@ async def test_5xx_is_an_error_and_not_retried(
     pools: None, raw_server: ServerFactory, capture: Capture | None, internal: bool, method: str
 ) -> None:
     server = await raw_server(lambda _i: Action("reply", status=503, body=b'{"error":"busy"}'))
-    response = await request(
-        method, f"{server.url}/v1/run", _internal=internal, **_kwargs(method, {"X-Caller": "1"})
-    )
+    response = await request(method, f"{server.url}/v1/run", _internal=internal,
+                             **_kwargs(method, {"X-Caller": "1"}))
     assert response.status == 503
     response.release()
     _check_sent(server, method, 1)
@@ -216,23 +204,16 @@ async def test_5xx_is_an_error_and_not_retried(
     (span,) = client_spans(capture)
     assert span.status.status_code == StatusCode.ERROR
     assert (span.attributes or {})[names.ATTR_ERROR_TYPE] == "503"
-    assert (
-        metric_sum(
-            capture,
-            names.METRIC_HTTP_CLIENT_REQUEST_DURATION,
-            **{names.ATTR_ERROR_TYPE: "503", names.ATTR_HTTP_RESPONSE_STATUS_CODE: 503},
-        )
-        == 1
-    )
+    assert metric_sum(capture, names.METRIC_HTTP_CLIENT_REQUEST_DURATION, **{
+        names.ATTR_ERROR_TYPE: "503", names.ATTR_HTTP_RESPONSE_STATUS_CODE: 503}) == 1
 
 
 async def test_caller_cancellation_is_not_an_error(
     pools: None, raw_server: ServerFactory, capture: Capture | None, internal: bool, method: str
 ) -> None:
     server = await raw_server(lambda _i: Action("hang"))
-    task = asyncio.create_task(
-        request(method, f"{server.url}/v1/run", _internal=internal, **_kwargs(method, {"X-Caller": "1"}))
-    )
+    task = asyncio.create_task(request(method, f"{server.url}/v1/run", _internal=internal,
+                                       **_kwargs(method, {"X-Caller": "1"})))
     await asyncio.wait_for(server.wait_for_requests(1), 5)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -251,16 +232,12 @@ async def test_caller_cancellation_is_not_an_error(
 async def test_cancellation_during_backoff_ends_the_span_without_error(
     raw_server: ServerFactory, capture: Capture | None, internal: bool, method: str
 ) -> None:
-    set_global_aiohttp_client(
-        GlobalAIOHTTPAsyncClientConfig(
-            global_aiohttp_retry_backoff_base_seconds=30.0, global_aiohttp_retry_backoff_cap_seconds=30.0
-        )
-    )
+    set_global_aiohttp_client(GlobalAIOHTTPAsyncClientConfig(
+        global_aiohttp_retry_backoff_base_seconds=30.0, global_aiohttp_retry_backoff_cap_seconds=30.0))
     try:
         server = await raw_server(lambda _i: DROP)
-        task = asyncio.create_task(
-            request(method, f"{server.url}/v1/run", _internal=internal, **_kwargs(method, {"X-Caller": "1"}))
-        )
+        task = asyncio.create_task(request(method, f"{server.url}/v1/run", _internal=internal,
+                                           **_kwargs(method, {"X-Caller": "1"})))
         await asyncio.wait_for(server.wait_for_requests(1), 5)
         await asyncio.sleep(0.2)  # now sleeping in a (long) backoff
         task.cancel()
@@ -279,24 +256,16 @@ async def test_cancellation_during_backoff_ends_the_span_without_error(
 async def test_refused_forever_ends_within_the_budget(
     capture: Capture | None, internal: bool, method: str
 ) -> None:
-    set_global_aiohttp_client(
-        GlobalAIOHTTPAsyncClientConfig(
-            global_aiohttp_retry_backoff_base_seconds=0.01,
-            global_aiohttp_retry_backoff_cap_seconds=0.05,
-            global_aiohttp_max_retry_seconds=0.4,
-        )
-    )
+    set_global_aiohttp_client(GlobalAIOHTTPAsyncClientConfig(
+        global_aiohttp_retry_backoff_base_seconds=0.01, global_aiohttp_retry_backoff_cap_seconds=0.05,
+        global_aiohttp_max_retry_seconds=0.4))
     port = unused_port()
     loop = asyncio.get_running_loop()
     started = loop.time()
     try:
         with pytest.raises(RetriesExhaustedError) as info:
-            await request(
-                method,
-                f"http://127.0.0.1:{port}/v1/run?key=SECRET",
-                _internal=internal,
-                **_kwargs(method, {"X-Caller": "1"}),
-            )
+            await request(method, f"http://127.0.0.1:{port}/v1/run?key=SECRET", _internal=internal,
+                          **_kwargs(method, {"X-Caller": "1"}))
     finally:
         await close_global_aiohttp_client()
     assert loop.time() - started < 1.5
@@ -344,11 +313,7 @@ async def test_post_not_replayed_without_resend(
     ],
 )
 async def test_attempt_limits_on_dropped_connections(
-    pools: None,
-    raw_server: ServerFactory,
-    capture: Capture | None,
-    kwargs: dict[str, Any],
-    sent: int,
+    pools: None, raw_server: ServerFactory, capture: Capture | None, kwargs: dict[str, Any], sent: int,
     limit: str,
 ) -> None:
     server = await raw_server(lambda _i: DROP)
@@ -375,13 +340,9 @@ async def test_max_num_tries_caps_refused_connections(pools: None, capture: Capt
 async def test_other_errors_tries_external_internal_and_switched_off(
     raw_server: ServerFactory, capture: Capture | None
 ) -> None:
-    set_global_aiohttp_client(
-        GlobalAIOHTTPAsyncClientConfig(
-            global_aiohttp_retry_backoff_base_seconds=0.01,
-            global_aiohttp_retry_backoff_cap_seconds=0.02,
-            global_aiohttp_max_retry_seconds=0.7,
-        )
-    )
+    set_global_aiohttp_client(GlobalAIOHTTPAsyncClientConfig(
+        global_aiohttp_retry_backoff_base_seconds=0.01, global_aiohttp_retry_backoff_cap_seconds=0.02,
+        global_aiohttp_max_retry_seconds=0.7))
     try:
         server = await raw_server(lambda _i: Action("hang"))
         timeout = aiohttp.ClientTimeout(sock_read=0.1)
@@ -412,9 +373,8 @@ async def test_read_body_retries_a_reset_mid_body(
     pools: None, raw_server: ServerFactory, capture: Capture | None, method: str
 ) -> None:
     server = await raw_server(lambda i: Action("reset_mid_body") if i == 0 else REPLY)
-    response = await request(
-        method, f"{server.url}/big", _read_body=True, **_kwargs(method, {"X-Caller": "1"})
-    )
+    response = await request(method, f"{server.url}/big", _read_body=True,
+                             **_kwargs(method, {"X-Caller": "1"}))
     assert response.status == 200 and await response.read() == b'{"ok":true}'
     _check_sent(server, method, 2)
     if capture is not None:
@@ -439,12 +399,8 @@ async def test_read_body_retries_a_reset_mid_body(
     ],
 )
 async def test_bad_arguments_fail_clearly_and_send_nothing(
-    pools: None,
-    raw_server: ServerFactory,
-    capture: Capture | None,
-    kwargs: dict[str, Any],
-    error: type[Exception],
-    match: str,
+    pools: None, raw_server: ServerFactory, capture: Capture | None, kwargs: dict[str, Any],
+    error: type[Exception], match: str,
 ) -> None:
     server = await raw_server()
     with pytest.raises(error, match=match):
@@ -472,12 +428,8 @@ async def test_json_types_orjson_knows(
     payload = {"d": dt.date(2026, 1, 2), "u": uuid.UUID(int=1), "p": Point(3), "c": Colour.RED, "t": (1, 2)}
     (await request("POST", f"{server.url}/x", json=payload)).release()
     assert orjson.loads(server.requests[0].body) == {
-        "d": "2026-01-02",
-        "u": "00000000-0000-0000-0000-000000000001",
-        "p": {"x": 3},
-        "c": "red",
-        "t": [1, 2],
-    }
+        "d": "2026-01-02", "u": "00000000-0000-0000-0000-000000000001", "p": {"x": 3}, "c": "red",
+        "t": [1, 2]}
 
 
 async def test_request_debug_flag_logs_every_exchange_redacted(
@@ -487,18 +439,14 @@ async def test_request_debug_flag_logs_every_exchange_redacted(
 
     from gym_obs.client.http_client import is_global_aiohttp_client_request_debug_enabled
 
-    set_global_aiohttp_client(
-        GlobalAIOHTTPAsyncClientConfig(
-            global_aiohttp_client_request_debug=True, global_aiohttp_retry_backoff_base_seconds=0.01
-        )
-    )
+    set_global_aiohttp_client(GlobalAIOHTTPAsyncClientConfig(
+        global_aiohttp_client_request_debug=True, global_aiohttp_retry_backoff_base_seconds=0.01))
     try:
         assert is_global_aiohttp_client_request_debug_enabled()
         server = await raw_server(lambda i: DROP if i == 0 else REPLY)
         with structlog.testing.capture_logs() as logs:
-            response = await request(
-                "GET", f"http://u:pw@127.0.0.1:{server.port}/x?key=SECRET", headers={"X-Api-Key": "TOKEN123"}
-            )
+            response = await request("GET", f"http://u:pw@127.0.0.1:{server.port}/x?key=SECRET",
+                                     headers={"X-Api-Key": "TOKEN123"})
             response.release()
     finally:
         await close_global_aiohttp_client()
@@ -523,13 +471,8 @@ async def test_metrics_only_telemetry(
         server = await raw_server(lambda i: DROP if i == 1 else REPLY)
         for _ in range(2):  # the first succeeds at once, the second after one dropped attempt
             headers = {"X-Caller": "1"}
-            response = await request(
-                method,
-                f"{server.url}/v1/run",
-                _internal=internal,
-                _server_name="model",
-                **_kwargs(method, headers),
-            )
+            response = await request(method, f"{server.url}/v1/run", _internal=internal, _server_name="model",
+                                     **_kwargs(method, headers))
             assert response.status == 200
             response.release()
             assert headers == {"X-Caller": "1"}
@@ -545,11 +488,8 @@ async def test_metrics_only_telemetry(
 async def test_a_connection_never_made_is_retried_without_resend(
     raw_server: ServerFactory, capture: Capture | None
 ) -> None:
-    set_global_aiohttp_client(
-        GlobalAIOHTTPAsyncClientConfig(
-            global_aiohttp_retry_backoff_base_seconds=0.05, global_aiohttp_retry_backoff_cap_seconds=0.1
-        )
-    )
+    set_global_aiohttp_client(GlobalAIOHTTPAsyncClientConfig(
+        global_aiohttp_retry_backoff_base_seconds=0.05, global_aiohttp_retry_backoff_cap_seconds=0.1))
     port = unused_port()
 
     async def start_later() -> RawServer:
@@ -558,9 +498,8 @@ async def test_a_connection_never_made_is_retried_without_resend(
 
     starter = asyncio.create_task(start_later())
     try:
-        response = await request(
-            "POST", f"http://127.0.0.1:{port}/run", json={"n": 1}, _resend_after_disconnect=False
-        )
+        response = await request("POST", f"http://127.0.0.1:{port}/run", json={"n": 1},
+                                 _resend_after_disconnect=False)
         assert response.status == 200
         response.release()
     finally:
@@ -584,13 +523,8 @@ async def test_a_server_that_never_answers_ends_with_the_callers_timeout(
     loop = asyncio.get_running_loop()
     started = loop.time()
     with pytest.raises((RetriesExhaustedError, asyncio.TimeoutError)):
-        await request(
-            "GET",
-            f"{server.url}/never",
-            timeout=aiohttp.ClientTimeout(total=0.2),
-            _internal=internal,
-            _max_num_tries=None if not internal else 4,
-        )
+        await request("GET", f"{server.url}/never", timeout=aiohttp.ClientTimeout(total=0.2),
+                      _internal=internal, _max_num_tries=None if not internal else 4)
     assert loop.time() - started < 3.0
     assert len(server.requests) == (4 if internal else 3)
     if capture is not None:
@@ -618,17 +552,9 @@ async def test_non_canonical_methods_keep_their_original_on_the_span(
         (await request(method, f"{server.url}/x")).release()
     assert [seen.method for seen in server.requests] == ["GET", "GET", "PURGE"]
     spans = client_spans(telemetry)
-    got = [
-        (
-            s.name,
-            (s.attributes or {}).get(names.ATTR_HTTP_REQUEST_METHOD),
-            (s.attributes or {}).get(names.ATTR_HTTP_REQUEST_METHOD_ORIGINAL),
-        )
-        for s in spans
-    ]
+    got = [(s.name, (s.attributes or {}).get(names.ATTR_HTTP_REQUEST_METHOD),
+            (s.attributes or {}).get(names.ATTR_HTTP_REQUEST_METHOD_ORIGINAL)) for s in spans]
     assert got == [("GET", "GET", "get"), ("GET", "GET", None), ("HTTP", "_OTHER", "PURGE")]
-    methods = {
-        p.attributes[names.ATTR_HTTP_REQUEST_METHOD]
-        for p in telemetry.metric_points(names.METRIC_HTTP_CLIENT_REQUEST_DURATION)
-    }
+    methods = {p.attributes[names.ATTR_HTTP_REQUEST_METHOD]
+               for p in telemetry.metric_points(names.METRIC_HTTP_CLIENT_REQUEST_DURATION)}
     assert methods == {"GET", "_OTHER"}  # bounded on metrics: no original method there

@@ -25,6 +25,9 @@ from tests.integration.client_support import REPLY, Action, ServerFactory
 pytestmark = pytest.mark.integration
 
 
+
+
+
 @pytest.fixture
 async def pool_of_one() -> AsyncIterator[GlobalAIOHTTPAsyncClientConfig]:
     cfg = GlobalAIOHTTPAsyncClientConfig(
@@ -64,11 +67,8 @@ async def test_pool_of_one_under_20_concurrent_requests(
     assert len(server.requests) == 20
     assert server.max_in_flight == 1 and server.connections == 1
 
-    waits = _points(
-        telemetry,
-        names.METRIC_POOL_WAIT_DURATION,
-        **{names.ATTR_SERVER_NAME: "model", names.ATTR_POOL: "data", names.ATTR_POOL_OUTCOME: "ok"},
-    )
+    waits = _points(telemetry, names.METRIC_POOL_WAIT_DURATION, **{
+        names.ATTR_SERVER_NAME: "model", names.ATTR_POOL: "data", names.ATTR_POOL_OUTCOME: "ok"})
     assert sum(p.count for p in waits) >= 18  # all but the first (and maybe a lucky second) queued
     assert max(p.max or 0 for p in waits) >= 0.1  # the last one waited for ~19 others of 10 ms
     assert not _points(telemetry, names.METRIC_POOL_WAIT_DURATION, **{names.ATTR_POOL_OUTCOME: "abandoned"})
@@ -77,22 +77,10 @@ async def test_pool_of_one_under_20_concurrent_requests(
     assert _sum(telemetry, names.METRIC_POOL_PENDING_REQUESTS) == 0
 
     _pool_trace.sync_pool_connections()
-    assert (
-        _sum(
-            telemetry,
-            names.METRIC_POOL_CONNECTIONS,
-            **{names.ATTR_POOL: "data", names.ATTR_HTTP_CONNECTION_STATE: "idle"},
-        )
-        == 1
-    )
-    assert (
-        _sum(
-            telemetry,
-            names.METRIC_POOL_CONNECTIONS,
-            **{names.ATTR_POOL: "data", names.ATTR_HTTP_CONNECTION_STATE: "active"},
-        )
-        == 0
-    )
+    assert _sum(telemetry, names.METRIC_POOL_CONNECTIONS, **{
+        names.ATTR_POOL: "data", names.ATTR_HTTP_CONNECTION_STATE: "idle"}) == 1
+    assert _sum(telemetry, names.METRIC_POOL_CONNECTIONS, **{
+        names.ATTR_POOL: "data", names.ATTR_HTTP_CONNECTION_STATE: "active"}) == 0
 
     await close_global_aiohttp_client()  # closing reports the connections gone
     assert _sum(telemetry, names.METRIC_POOL_CONNECTIONS) == 0
@@ -107,9 +95,8 @@ async def test_a_wait_ended_by_timeout_or_cancellation_is_abandoned_and_pending_
 
     # Timed out in the queue: aiohttp's connect timeout covers the wait for a pooled connection.
     with pytest.raises(aiohttp.ConnectionTimeoutError):
-        await request(
-            "GET", f"{server.url}/queued", timeout=aiohttp.ClientTimeout(connect=0.1), _max_num_tries=1
-        )
+        await request("GET", f"{server.url}/queued", timeout=aiohttp.ClientTimeout(connect=0.1),
+                      _max_num_tries=1)
     # Cancelled in the queue, twice over: the sum of waits is recorded once per request.
     queued = asyncio.create_task(request("GET", f"{server.url}/queued"))
     await asyncio.sleep(0.1)
@@ -194,39 +181,16 @@ async def test_a_queued_control_request_is_labelled_control(
 # Every metric's attribute keys, exactly (DESIGN.md: small fixed value sets; no ids or URLs on metrics).
 _METRIC_KEYS = {
     names.METRIC_HTTP_CLIENT_REQUEST_DURATION: {
-        frozenset(
-            {
-                names.ATTR_HTTP_REQUEST_METHOD,
-                names.ATTR_SERVER_ADDRESS,
-                names.ATTR_SERVER_PORT,
-                names.ATTR_SERVER_NAME,
-                names.ATTR_HTTP_RESPONSE_STATUS_CODE,
-            }
-        ),
-        frozenset(
-            {
-                names.ATTR_HTTP_REQUEST_METHOD,
-                names.ATTR_SERVER_ADDRESS,
-                names.ATTR_SERVER_PORT,
-                names.ATTR_SERVER_NAME,
-                names.ATTR_HTTP_RESPONSE_STATUS_CODE,
-                names.ATTR_ERROR_TYPE,
-            }
-        ),
-        frozenset(
-            {
-                names.ATTR_HTTP_REQUEST_METHOD,
-                names.ATTR_SERVER_ADDRESS,
-                names.ATTR_SERVER_PORT,
-                names.ATTR_SERVER_NAME,
-                names.ATTR_ERROR_TYPE,
-            }
-        ),
+        frozenset({names.ATTR_HTTP_REQUEST_METHOD, names.ATTR_SERVER_ADDRESS, names.ATTR_SERVER_PORT,
+                   names.ATTR_SERVER_NAME, names.ATTR_HTTP_RESPONSE_STATUS_CODE}),
+        frozenset({names.ATTR_HTTP_REQUEST_METHOD, names.ATTR_SERVER_ADDRESS, names.ATTR_SERVER_PORT,
+                   names.ATTR_SERVER_NAME, names.ATTR_HTTP_RESPONSE_STATUS_CODE, names.ATTR_ERROR_TYPE}),
+        frozenset({names.ATTR_HTTP_REQUEST_METHOD, names.ATTR_SERVER_ADDRESS, names.ATTR_SERVER_PORT,
+                   names.ATTR_SERVER_NAME, names.ATTR_ERROR_TYPE}),
     },
     names.METRIC_CLIENT_RETRIES: {frozenset({names.ATTR_SERVER_NAME, names.ATTR_RETRY_REASON})},
     names.METRIC_POOL_WAIT_DURATION: {
-        frozenset({names.ATTR_SERVER_NAME, names.ATTR_POOL, names.ATTR_POOL_OUTCOME})
-    },
+        frozenset({names.ATTR_SERVER_NAME, names.ATTR_POOL, names.ATTR_POOL_OUTCOME})},
     names.METRIC_POOL_PENDING_REQUESTS: {frozenset({names.ATTR_SERVER_NAME, names.ATTR_POOL})},
     names.METRIC_POOL_CONNECTIONS: {frozenset({names.ATTR_POOL, names.ATTR_HTTP_CONNECTION_STATE})},
 }
@@ -237,23 +201,13 @@ async def test_metric_attribute_sets_are_exactly_the_designed_ones(
 ) -> None:
     from gym_obs.telemetry.propagation import rollout_context
 
-    server = await raw_server(
-        lambda i: (
-            Action("drop")
-            if i == 0
-            else (Action("reply", status=500) if i == 5 else Action("reply", delay_s=0.01))
-        )
-    )
+    server = await raw_server(lambda i: Action("drop") if i == 0 else (
+        Action("reply", status=500) if i == 5 else Action("reply", delay_s=0.01)))
 
     async def one(i: int) -> None:
         with rollout_context(f"rollout-{i}"):
-            response = await request(
-                "POST",
-                f"http://u:p@127.0.0.1:{server.port}/v1/x/{i}?k=v",
-                json={"i": i},
-                _server_name="model",
-                _route="/v1/x/{i}",
-            )
+            response = await request("POST", f"http://u:p@127.0.0.1:{server.port}/v1/x/{i}?k=v",
+                                     json={"i": i}, _server_name="model", _route="/v1/x/{i}")
             await response.read()
 
     await asyncio.gather(*(one(i) for i in range(6)))
@@ -268,6 +222,5 @@ async def test_metric_attribute_sets_are_exactly_the_designed_ones(
                     assert value == "model"
                 text = str(value)
                 assert "rollout" not in text and "/" not in text and "k=v" not in text, (metric, key, value)
-    assert {
-        p.attributes[names.ATTR_RETRY_REASON] for p in telemetry.metric_points(names.METRIC_CLIENT_RETRIES)
-    } <= set(names.RETRY_REASONS)
+    assert {p.attributes[names.ATTR_RETRY_REASON]
+            for p in telemetry.metric_points(names.METRIC_CLIENT_RETRIES)} <= set(names.RETRY_REASONS)

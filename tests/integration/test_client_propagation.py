@@ -66,15 +66,8 @@ async def test_internal_calls_carry_this_spans_traceparent_in_a_copy_of_the_head
     base, _port, seen = web_server
     headers = {"X-Caller": "1"}
     with rollout_context("rollout-42"):
-        response = await request(
-            "POST",
-            f"{base}/v1/responses",
-            json={"q": 1},
-            headers=headers,
-            _internal=True,
-            _server_name="policy_model",
-            _route="/v1/responses",
-        )
+        response = await request("POST", f"{base}/v1/responses", json={"q": 1}, headers=headers,
+                                 _internal=True, _server_name="policy_model", _route="/v1/responses")
     assert response.status == 200
     response.release()
     assert headers == {"X-Caller": "1"}  # the caller's object is never mutated

@@ -42,17 +42,9 @@ _HEADERS = {
 
 @pytest.fixture
 async def gym_and_sink() -> AsyncIterator[RawSink]:
-    config = {
-        "servers": {
-            "relay": {
-                "entrypoint": "tests.integration.relay_apps:RelayServer",
-                "server_type": "simple_agents",
-                "port": GYM_PORT,
-                "upstream_url": "http://127.0.0.1:1/",
-                "redirect_to": SINK_URL,
-            }
-        }
-    }
+    config = {"servers": {"relay": {"entrypoint": "tests.integration.relay_apps:RelayServer",
+                                    "server_type": "simple_agents", "port": GYM_PORT,
+                                    "upstream_url": "http://127.0.0.1:1/", "redirect_to": SINK_URL}}}
     async with raw_sink(SINK_PORT) as sink:
         proc = await start_script(RELAY_SCRIPT, {}, json.dumps(config))
         try:
@@ -69,14 +61,8 @@ async def test_a_redirect_to_a_third_party_carries_no_trace_session_or_credentia
     telemetry: Capture, gym_and_sink: RawSink, method: str
 ) -> None:
     sink = gym_and_sink
-    response = await request(
-        method,
-        f"http://127.0.0.1:{GYM_PORT}/redirect-away",
-        _internal=True,
-        _server_name="relay",
-        headers=dict(_HEADERS),
-        json={"q": 1},
-    )
+    response = await request(method, f"http://127.0.0.1:{GYM_PORT}/redirect-away", _internal=True,
+                             _server_name="relay", headers=dict(_HEADERS), json={"q": 1})
     assert response.status == 200 and len(response.history) == 1 and response.history[0].status == 307
     response.release()
     assert sink.paths == ["/collect?from=redirect"]
@@ -92,9 +78,8 @@ async def test_an_allow_listed_redirect_target_gets_trace_context(
     telemetry: Capture, gym_and_sink: RawSink, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(STATE, "propagation_targets", frozenset({f"localhost:{SINK_PORT}"}))
-    response = await request(
-        "GET", f"http://127.0.0.1:{GYM_PORT}/redirect-away", _internal=True, headers=dict(_HEADERS)
-    )
+    response = await request("GET", f"http://127.0.0.1:{GYM_PORT}/redirect-away", _internal=True,
+                             headers=dict(_HEADERS))
     response.release()
     got = gym_and_sink.headers[0]
     assert re.fullmatch(names.TRACEPARENT_PATTERN, got["traceparent"])
@@ -105,9 +90,8 @@ async def test_an_allow_listed_redirect_target_gets_trace_context(
 async def test_a_redirect_within_the_gym_server_keeps_everything(
     telemetry: Capture, gym_and_sink: RawSink
 ) -> None:
-    response = await request(
-        "GET", f"http://127.0.0.1:{GYM_PORT}/redirect-home", _internal=True, headers=dict(_HEADERS)
-    )
+    response = await request("GET", f"http://127.0.0.1:{GYM_PORT}/redirect-home", _internal=True,
+                             headers=dict(_HEADERS))
     echoed = orjson.loads(await response.read())
     assert response.history and response.history[0].status == 302
     assert re.fullmatch(names.TRACEPARENT_PATTERN, echoed["traceparent"])
@@ -115,7 +99,9 @@ async def test_a_redirect_within_the_gym_server_keeps_everything(
     assert gym_and_sink.headers == []
 
 
-async def test_redirects_are_bounded_and_can_be_turned_off(telemetry: Capture, gym_and_sink: RawSink) -> None:
+async def test_redirects_are_bounded_and_can_be_turned_off(
+    telemetry: Capture, gym_and_sink: RawSink
+) -> None:
     response = await request("GET", f"http://127.0.0.1:{GYM_PORT}/redirect-away", allow_redirects=False)
     assert response.status == 307 and gym_and_sink.headers == []
     response.release()

@@ -32,10 +32,8 @@ def test_a_backoff_of_zero_is_refused_by_the_public_api() -> None:
     with pytest.raises(ValueError, match="global_aiohttp_retry_backoff_base_seconds"):
         configure_global_aiohttp_client(
             GlobalAIOHTTPAsyncClientConfig.model_construct(
-                **{
-                    **GlobalAIOHTTPAsyncClientConfig().model_dump(),
-                    "global_aiohttp_retry_backoff_base_seconds": 0.0,
-                }
+                **{**GlobalAIOHTTPAsyncClientConfig().model_dump(),
+                   "global_aiohttp_retry_backoff_base_seconds": 0.0}
             )
         )
 
@@ -44,12 +42,10 @@ async def test_every_retry_waits_at_least_the_floor_even_with_an_unchecked_zero_
     budget_s = 0.3
     # model_construct skips validation: the loop's own floor is what is tested here (the 6,411-attempt storm)
     cfg = GlobalAIOHTTPAsyncClientConfig.model_construct(
-        **{
-            **GlobalAIOHTTPAsyncClientConfig().model_dump(),
-            "global_aiohttp_retry_backoff_base_seconds": 0.0,
-            "global_aiohttp_retry_backoff_cap_seconds": 0.0,
-            "global_aiohttp_max_retry_seconds": budget_s,
-        }
+        **{**GlobalAIOHTTPAsyncClientConfig().model_dump(),
+           "global_aiohttp_retry_backoff_base_seconds": 0.0,
+           "global_aiohttp_retry_backoff_cap_seconds": 0.0,
+           "global_aiohttp_max_retry_seconds": budget_s}
     )
     _sessions.configure(cfg)
     attempts: list[TransportFailure] = []
@@ -128,11 +124,7 @@ async def test_gym_obs_serve_refuses_settings_the_kernel_or_a_backoff_cannot_hon
     stdout, stderr = await asyncio.wait_for(proc.communicate(), 60)
     out = (stdout + stderr).decode()
     assert proc.returncode not in (0, None), out
-    for key in (
-        "global_aiohttp_tcp_keepalive_idle_seconds",
-        "global_aiohttp_tcp_keepalive_probes",
-        "global_aiohttp_intended_concurrency_per_host",
-        "global_aiohttp_retry_backoff_base_seconds",
-    ):
+    for key in ("global_aiohttp_tcp_keepalive_idle_seconds", "global_aiohttp_tcp_keepalive_probes",
+                "global_aiohttp_intended_concurrency_per_host", "global_aiohttp_retry_backoff_base_seconds"):
         assert key in out
     assert "Traceback" not in out

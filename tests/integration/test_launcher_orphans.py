@@ -107,23 +107,8 @@ def test_kill_9_of_serve_takes_every_server_and_worker_with_it(tmp_path: Path) -
 def test_kill_9_of_the_harness_takes_every_server_with_it(tmp_path: Path) -> None:
     def harness(out: Path, rollouts: int) -> subprocess.Popen[str]:
         return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gym_obs.cli",
-                "harness",
-                "run",
-                "--out",
-                str(out),
-                "--rollouts",
-                str(rollouts),
-                "--concurrency",
-                "4",
-                "--port-base",
-                "32110",
-                "--model-latency-ms",
-                "50",
-            ],
+            [sys.executable, "-m", "gym_obs.cli", "harness", "run", "--out", str(out), "--rollouts",
+             str(rollouts), "--concurrency", "4", "--port-base", "32110", "--model-latency-ms", "50"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,

@@ -41,27 +41,17 @@ def _hostile_header() -> str:
     root, final = new_event_id(), new_event_id()
     events: dict[str, Any] = {
         root: {
-            "event_id": root,
-            "failure_kind": None,
-            "exception_type": f"{CANARY}{ESC}",
-            "failure_reason": f"{ESC} root {CANARY} {ESC}",
-            "cause_id": None,
+            "event_id": root, "failure_kind": None, "exception_type": f"{CANARY}{ESC}",
+            "failure_reason": f"{ESC} root {CANARY} {ESC}", "cause_id": None,
             "details": {"password": CANARY},
         },
         final: {
-            "event_id": final,
-            "failure_kind": f"{CANARY}{ESC}",
+            "event_id": final, "failure_kind": f"{CANARY}{ESC}",
             "failure_reason": f"model said {CANARY}{ESC}",
-            "boundary": "model",
-            "stage": None,
-            "http_status": 200,
+            "boundary": "model", "stage": None, "http_status": 200,
             "details": {"api_key": CANARY, "note": f"{ESC} {CANARY}", f"{ESC}k": [f"{CANARY}", {"token": 1}]},
-            "cause_id": root,
-            "trace_id": None,
-            "span_id": None,
-            "rollout_id": f"r-1 {CANARY}{ESC}",
-            "server_name": f"{ESC}srv {CANARY}",
-            "timestamp": 1.0,
+            "cause_id": root, "trace_id": None, "span_id": None,
+            "rollout_id": f"r-1 {CANARY}{ESC}", "server_name": f"{ESC}srv {CANARY}", "timestamp": 1.0,
         },
     }
     return _encode(final, events, False, 0)
@@ -74,11 +64,9 @@ async def hostile_upstream(header: Callable[[], str], status: int = 500) -> Asyn
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             await reader.readuntil(b"\r\n\r\n")
-            head = (
-                f"HTTP/1.1 {status} Upstream Failed\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\n{FAILURE_REPORT_HEADER}: {header()}\r\n"
-                "Connection: close\r\n\r\n"
-            )
+            head = (f"HTTP/1.1 {status} Upstream Failed\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {len(body)}\r\n{FAILURE_REPORT_HEADER}: {header()}\r\n"
+                    "Connection: close\r\n\r\n")
             writer.write(head.encode("utf-8") + body)
             await writer.drain()
         finally:
@@ -112,43 +100,27 @@ async def test_every_field_of_a_remote_report_is_validated_and_scrubbed() -> Non
     root = event.__cause__
     assert root is not None and getattr(root, "exception_type", None) == "UnknownException"
     assert "root" in str(root)
-    for text in (
-        json.dumps(record, ensure_ascii=False),
-        str(event),
-        str(root),
-        repr(dict(log.events)),
-        json.dumps(failure_report_for(event).to_payload(), ensure_ascii=False),
-    ):
+    for text in (json.dumps(record, ensure_ascii=False), str(event), str(root), repr(dict(log.events)),
+                 json.dumps(failure_report_for(event).to_payload(), ensure_ascii=False)):
         _assert_clean(text)
 
 
 async def test_a_relaying_gym_server_passes_on_nothing_hostile(tmp_path: Path) -> None:
     config = {
-        "telemetry": {
-            "enabled": True,
-            "traces_exporter": "file",
-            "metrics_exporter": "none",
-            "file_export_dir": str(tmp_path),
-        },
-        "servers": {
-            "relay": {
-                "entrypoint": "tests.integration.relay_apps:RelayServer",
-                "server_type": "simple_agents",
-                "port": RELAY_PORT,
-                "upstream_url": f"http://127.0.0.1:{UPSTREAM_PORT}/generate",
-            }
-        },
+        "telemetry": {"enabled": True, "traces_exporter": "file", "metrics_exporter": "none",
+                      "file_export_dir": str(tmp_path)},
+        "servers": {"relay": {"entrypoint": "tests.integration.relay_apps:RelayServer",
+                              "server_type": "simple_agents", "port": RELAY_PORT,
+                              "upstream_url": f"http://127.0.0.1:{UPSTREAM_PORT}/generate"}},
     }
     async with hostile_upstream(_hostile_header):
-        proc = await start_script(
-            RELAY_SCRIPT, {"OTEL_BSP_SCHEDULE_DELAY": "50", "GYM_OBS_LOG_JSON": "1"}, json.dumps(config)
-        )
+        proc = await start_script(RELAY_SCRIPT, {"OTEL_BSP_SCHEDULE_DELAY": "50", "GYM_OBS_LOG_JSON": "1"},
+                                  json.dumps(config))
         try:
             await wait_listening(RELAY_PORT)
-            async with (
-                aiohttp.ClientSession() as session,
-                session.post(f"http://127.0.0.1:{RELAY_PORT}/relay") as reply,
-            ):
+            async with aiohttp.ClientSession() as session, session.post(
+                f"http://127.0.0.1:{RELAY_PORT}/relay"
+            ) as reply:
                 body = await reply.read()
                 header = reply.headers.get(FAILURE_REPORT_HEADER, "")
                 status = reply.status
@@ -163,12 +135,8 @@ async def test_a_relaying_gym_server_passes_on_nothing_hostile(tmp_path: Path) -
     assert "agent_request_failed" in spans  # the spans were written (the grep below can fail)
     logs = (stdout + stderr).decode("utf-8", "replace")
     assert "upstream_failed" in logs
-    for text in (
-        body.decode("utf-8", "replace"),
-        json.dumps(report.to_payload(), ensure_ascii=False),
-        spans,
-        logs,
-    ):
+    for text in (body.decode("utf-8", "replace"), json.dumps(report.to_payload(), ensure_ascii=False),
+                 spans, logs):
         _assert_clean(text)
     assert FAILURE_REPORT_BODY_KEY in json.loads(body)
 
@@ -196,16 +164,9 @@ async def test_an_oversize_failure_header_keeps_the_real_status_and_body_and_pic
 
 
 async def test_a_gym_server_never_emits_a_failure_header_over_4096_bytes(tmp_path: Path) -> None:
-    config = {
-        "servers": {
-            "relay": {
-                "entrypoint": "tests.integration.relay_apps:RelayServer",
-                "server_type": "simple_agents",
-                "port": RELAY_PORT,
-                "upstream_url": "http://127.0.0.1:1/",
-            }
-        }
-    }
+    config = {"servers": {"relay": {"entrypoint": "tests.integration.relay_apps:RelayServer",
+                                    "server_type": "simple_agents", "port": RELAY_PORT,
+                                    "upstream_url": "http://127.0.0.1:1/"}}}
     proc = await start_script(RELAY_SCRIPT, {}, json.dumps(config))
     try:
         await wait_listening(RELAY_PORT)
@@ -217,11 +178,8 @@ async def test_a_gym_server_never_emits_a_failure_header_over_4096_bytes(tmp_pat
         proc.send_signal(signal.SIGTERM)
         await asyncio.wait_for(proc.communicate(), 30)
     head = raw.split(b"\r\n\r\n", 1)[0].decode("latin-1")
-    values = [
-        line.split(":", 1)[1].strip()
-        for line in head.split("\r\n")
-        if line.lower().startswith(FAILURE_REPORT_HEADER.lower() + ":")
-    ]
+    values = [line.split(":", 1)[1].strip() for line in head.split("\r\n")
+              if line.lower().startswith(FAILURE_REPORT_HEADER.lower() + ":")]
     assert len(values) == 1 and 512 < len(values[0]) <= 4096
     report = decode_failure_report(values[0])
     assert report.truncated and report.failure_id in report.events

@@ -111,7 +111,9 @@ class EdgeServer(SimpleServer):
 
 def _config(**server: Any) -> GlobalConfig:
     entry = {"entrypoint": f"{__name__}:EdgeServer", "server_type": "resources_servers", "port": PORT}
-    return parse_global_config({"head_server": {"port": HEAD_PORT}, "servers": {"edge": {**entry, **server}}})
+    return parse_global_config(
+        {"head_server": {"port": HEAD_PORT}, "servers": {"edge": {**entry, **server}}}
+    )
 
 
 @contextlib.contextmanager

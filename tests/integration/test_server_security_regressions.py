@@ -128,7 +128,7 @@ async def test_launched_server_still_uses_its_configured_session_secret(
         b"X-NG-Session: \xc3\xa9t\xc3\xa9.1.abc",
         b"X-NG-Session: caf\xe9.6650f0a1.\xff\xfe",
         b"Cookie: gym_obs_session=\xc3\xa9\xc3\xa9.1.\xe2\x82\xac",
-        b'Cookie: gym_obs_session="unterminated; gym_obs_session=...',
+        b"Cookie: gym_obs_session=\"unterminated; gym_obs_session=...",
         b"X-NG-Session: " + b"a." * 300,
         b"X-NG-Session: ..",
     ],

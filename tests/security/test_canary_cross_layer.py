@@ -96,29 +96,10 @@ def test_a_harness_run_with_secret_faults_leaves_no_secret(tmp_path: Path) -> No
             ["--out", str(out / "otlp"), "--otlp-endpoint", receiver.endpoint],
         ):
             result = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "gym_obs.cli",
-                    "harness",
-                    "run",
-                    "--rollouts",
-                    "30",
-                    "--concurrency",
-                    "6",
-                    "--faults",
-                    str(plan),
-                    "--port-base",
-                    str(HARNESS_PORT_BASE),
-                    "--seed",
-                    "7",
-                    *argv,
-                ],
-                capture_output=True,
-                timeout=240,
-                env=env,
-                cwd=tmp_path,
-                check=False,
+                [sys.executable, "-m", "gym_obs.cli", "harness", "run", "--rollouts", "30",
+                 "--concurrency", "6", "--faults", str(plan), "--port-base", str(HARNESS_PORT_BASE),
+                 "--seed", "7", *argv],
+                capture_output=True, timeout=240, env=env, cwd=tmp_path, check=False,
             )
             assert result.returncode in (0, 1), result.stderr[-2000:]
             streams = [("stdout", result.stdout), ("stderr", result.stderr)]

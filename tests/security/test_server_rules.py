@@ -52,17 +52,8 @@ def test_secret_keys(key: str) -> None:
 
 @pytest.mark.parametrize(
     ("status", "remote", "expected"),
-    [
-        (422, False, 422),
-        (503, False, 503),
-        (200, False, 500),
-        (204, False, 500),
-        (302, False, 500),
-        (None, False, 500),
-        (503, True, 500),
-        (200, True, 500),
-        (401, True, 500),
-    ],
+    [(422, False, 422), (503, False, 503), (200, False, 500), (204, False, 500), (302, False, 500),
+     (None, False, 500), (503, True, 500), (200, True, 500), (401, True, 500)],
 )
 def test_reply_status_is_an_error_chosen_here(status: int | None, remote: bool, expected: int) -> None:
     event = NgFailureEvent("provider_unavailable", "x", boundary="model", http_status=status)
@@ -80,12 +71,8 @@ def test_malformed_tokens_are_refused_never_raised(token: object) -> None:
 
 def test_validation_summary_never_echoes_values() -> None:
     errors = [
-        {
-            "type": "int_parsing",
-            "loc": ("body", "count"),
-            "msg": "Input should be a valid integer",
-            "input": CANARY,
-        },
+        {"type": "int_parsing", "loc": ("body", "count"), "msg": "Input should be a valid integer",
+         "input": CANARY},
         {"type": "value_error", "loc": ("body", "note"), "msg": f"Value error, {CANARY}", "input": CANARY},
         {"type": "extra_forbidden", "loc": ("body", CANARY), "msg": "Extra inputs are not permitted"},
         {"type": "missing", "loc": ("body", "items", 3, f"{CANARY}!"), "msg": "Field required"},
@@ -103,13 +90,8 @@ def test_validation_summary_never_echoes_values() -> None:
 
 def test_access_log_lines_lose_query_fragment_and_control_characters() -> None:
     record = logging.LogRecord(
-        "uvicorn.access",
-        logging.INFO,
-        __file__,
-        1,
-        '%s - "%s %s HTTP/%s" %d',
-        ("127.0.0.1:5000", "GET", f"/v1/x\x1b[2J?x&q={CANARY}#{CANARY}", "1.1", 200),
-        None,
+        "uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d',
+        ("127.0.0.1:5000", "GET", f"/v1/x\x1b[2J?x&q={CANARY}#{CANARY}", "1.1", 200), None,
     )
     assert QueryFreeAccessLog().filter(record)
     assert record.getMessage() == '127.0.0.1:5000 - "GET /v1/x\\x1b[2J HTTP/1.1" 200'

@@ -98,15 +98,8 @@ def test_capacity_report_line_without_warnings() -> None:
     report = capacity_report(cfg, workers=2, nofile_soft=65536, port_range=(32768, 60999))
     assert report.warnings == ()
     assert "\n" not in report.line
-    for fragment in (
-        "workers=2",
-        "data limit=100",
-        "per_host=50",
-        "keepalive=4s",
-        "nofile_soft=65536",
-        "ephemeral_ports=28232",
-        "warnings=0",
-    ):
+    for fragment in ("workers=2", "data limit=100", "per_host=50", "keepalive=4s", "nofile_soft=65536",
+                     "ephemeral_ports=28232", "warnings=0"):
         assert fragment in report.line
 
 

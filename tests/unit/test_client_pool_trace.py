@@ -33,15 +33,11 @@ async def test_repeated_waits_of_one_request_are_summed_into_one_point(telemetry
     await _queue(config, ctx, 0.02)
     await _queue(config, ctx, 0.03)
     await config.on_request_end.send(
-        None,
-        ctx,
-        aiohttp.TraceRequestEndParams("GET", _URL, None, None),  # type: ignore[arg-type]
+        None, ctx, aiohttp.TraceRequestEndParams("GET", _URL, None, None)  # type: ignore[arg-type]
     )
     # A second terminal signal (never sent by aiohttp, but harmless) does not record again.
     await config.on_request_exception.send(
-        None,
-        ctx,
-        aiohttp.TraceRequestExceptionParams("GET", _URL, None, RuntimeError()),  # type: ignore[arg-type]
+        None, ctx, aiohttp.TraceRequestExceptionParams("GET", _URL, None, RuntimeError())  # type: ignore[arg-type]
     )
     (point,) = _points(telemetry, names.METRIC_POOL_WAIT_DURATION)
     assert point.count == 1
@@ -62,9 +58,7 @@ async def test_a_request_that_ends_while_queued_is_abandoned(telemetry: Capture)
     pending = _points(telemetry, names.METRIC_POOL_PENDING_REQUESTS)
     assert sum(p.value or 0 for p in pending) == 1
     await config.on_request_exception.send(
-        None,
-        ctx,
-        aiohttp.TraceRequestExceptionParams("GET", _URL, None, asyncio.CancelledError()),  # type: ignore[arg-type]
+        None, ctx, aiohttp.TraceRequestExceptionParams("GET", _URL, None, asyncio.CancelledError())  # type: ignore[arg-type]
     )
     (point,) = _points(telemetry, names.METRIC_POOL_WAIT_DURATION)
     assert point.attributes[names.ATTR_POOL_OUTCOME] == "abandoned"
@@ -77,9 +71,7 @@ async def test_a_request_that_never_queued_records_no_wait(telemetry: Capture) -
     config.freeze()
     ctx = config.trace_config_ctx(trace_request_ctx="model")
     await config.on_request_end.send(
-        None,
-        ctx,
-        aiohttp.TraceRequestEndParams("GET", _URL, None, None),  # type: ignore[arg-type]
+        None, ctx, aiohttp.TraceRequestEndParams("GET", _URL, None, None)  # type: ignore[arg-type]
     )
     assert _points(telemetry, names.METRIC_POOL_WAIT_DURATION) == []
 

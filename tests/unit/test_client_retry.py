@@ -41,16 +41,10 @@ def _policy(**overrides: object) -> Policy:
 @pytest.mark.parametrize(
     ("error", "reason", "category"),
     [
-        (
-            aiohttp.ClientConnectorError(_KEY, ConnectionRefusedError(errno.ECONNREFUSED, "refused")),
-            names.RETRY_REASON_CONNECTION_REFUSED,
-            "connect",
-        ),
-        (
-            aiohttp.ClientConnectorError(_KEY, OSError(errno.EHOSTUNREACH, "unreachable")),
-            names.RETRY_REASON_CLIENT_OS_ERROR,
-            "connect",
-        ),
+        (aiohttp.ClientConnectorError(_KEY, ConnectionRefusedError(errno.ECONNREFUSED, "refused")),
+         names.RETRY_REASON_CONNECTION_REFUSED, "connect"),
+        (aiohttp.ClientConnectorError(_KEY, OSError(errno.EHOSTUNREACH, "unreachable")),
+         names.RETRY_REASON_CLIENT_OS_ERROR, "connect"),
         (aiohttp.ConnectionTimeoutError("connect"), names.RETRY_REASON_TIMEOUT, "connect"),
         (aiohttp.ServerDisconnectedError(), names.RETRY_REASON_SERVER_DISCONNECTED, "dropped"),
         (aiohttp.ClientPayloadError("cut"), names.RETRY_REASON_SERVER_DISCONNECTED, "dropped"),
@@ -94,10 +88,7 @@ def test_failure_kinds_match_the_failure_vocabulary() -> None:
         transport_failure_kind(names.RETRY_REASON_CLIENT_OS_ERROR, OSError(errno.EMFILE, "too many")),
     }
     assert cases == {
-        "transport_unreachable",
-        "transport_timeout",
-        "transport_peer_drop",
-        "transport_local_resource",
+        "transport_unreachable", "transport_timeout", "transport_peer_drop", "transport_local_resource"
     }
     assert cases <= FAILURE_KINDS
 
@@ -113,14 +104,8 @@ def test_backoff_is_exponential_with_full_jitter_and_a_cap() -> None:
     assert min(samples) < 0.1 and max(samples) > 0.7  # spread over the whole interval
 
 
-def _run(
-    tracker: RetryTracker,
-    error: BaseException,
-    *,
-    uploaded: bool = True,
-    elapsed: float = 0.0,
-    **policy: object,
-) -> bool:
+def _run(tracker: RetryTracker, error: BaseException, *, uploaded: bool = True,
+         elapsed: float = 0.0, **policy: object) -> bool:
     tracker.attempts += 1
     decision = tracker.decide(classify_failure(error), uploaded, elapsed, _policy(**policy))
     return decision.retry
@@ -160,11 +145,8 @@ def test_the_last_backoff_is_cut_to_the_budget_left() -> None:
 
 
 def test_max_num_tries_caps_every_path() -> None:
-    for error in (
-        aiohttp.ServerDisconnectedError(),
-        aiohttp.SocketTimeoutError(),
-        aiohttp.ClientConnectorError(_KEY, ConnectionRefusedError(errno.ECONNREFUSED, "x")),
-    ):
+    for error in (aiohttp.ServerDisconnectedError(), aiohttp.SocketTimeoutError(),
+                  aiohttp.ClientConnectorError(_KEY, ConnectionRefusedError(errno.ECONNREFUSED, "x"))):
         tracker = RetryTracker("GET", "http://x/")
         outcomes = [_run(tracker, error, internal=True, max_num_tries=2) for _ in range(2)]
         assert outcomes == [True, False]
@@ -194,9 +176,8 @@ def test_exhaustion_error_says_attempts_and_time_and_pickles() -> None:
     tracker = RetryTracker("POST", "http://127.0.0.1:22001/run")
     _run(tracker, aiohttp.ServerDisconnectedError())
     tracker.attempts += 1
-    decision = tracker.decide(
-        classify_failure(aiohttp.ServerDisconnectedError()), True, 0.0, _policy(max_connection_retries=1)
-    )
+    decision = tracker.decide(classify_failure(aiohttp.ServerDisconnectedError()), True, 0.0,
+                              _policy(max_connection_retries=1))
     assert not decision.retry
     error = tracker.exhausted_error(decision, aiohttp.ServerDisconnectedError(), 1.234)
     text = str(error)

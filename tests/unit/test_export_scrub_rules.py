@@ -29,10 +29,8 @@ class _Keep(SpanExporter):
 
 
 def _blob(span: ReadableSpan) -> str:
-    return (
-        repr(dict(span.attributes or {}))
-        + span.name
-        + repr([(e.name, dict(e.attributes or {})) for e in span.events])
+    return repr(dict(span.attributes or {})) + span.name + repr(
+        [(e.name, dict(e.attributes or {})) for e in span.events]
     )
 
 
@@ -114,8 +112,7 @@ def test_log_lines_never_carry_terminal_escapes_or_secrets() -> None:
     from gym_obs.telemetry.logging import scrub_event
 
     event = scrub_event(
-        None,
-        "warning",
+        None, "warning",
         {"event": f"peer said {CANARY}\x1b[2J", "reason": f"x \x9b31m api_key={CANARY}\nnext", "n": 1},
     )
     text = repr(event)

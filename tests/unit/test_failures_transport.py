@@ -142,7 +142,9 @@ def test_any_max_bytes_is_respected_and_never_raises(length: int, reason: int, m
         assert decode_failure_report(value).failure_id == final.event_id
 
 
-_LABEL = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=128)
+_LABEL = st.text(
+    alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=128
+)
 
 
 @st.composite
@@ -252,15 +254,8 @@ def _hostile_values() -> list[Any]:
         _pack(_payload({a: _record(event_id=a, failure_kind=None)}, failure_id=a)),
         _pack(b"{}") + "garbage",
         _pack(  # duplicate keys: the last one wins, and it is malformed
-            b'{"failure_id": null, "events": {"'
-            + a.encode()
-            + b'": '
-            + orjson.dumps(_record(event_id=a))
-            + b', "'
-            + a.encode()
-            + b'": {"event_id": "'
-            + b.encode()
-            + b'"}}}'
+            b'{"failure_id": null, "events": {"' + a.encode() + b'": ' + orjson.dumps(_record(event_id=a))
+            + b', "' + a.encode() + b'": {"event_id": "' + b.encode() + b'"}}}'
         ),
         _pack(b" " * (MAX_DECOMPRESSED_BYTES + 1)),
         VERSION_PREFIX + base64.urlsafe_b64encode(zlib.compress(b"{}")[:-3]).decode(),

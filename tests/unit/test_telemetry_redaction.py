@@ -217,6 +217,7 @@ def test_planted_secrets_never_survive_scrub_text(
     assert secret not in scrub_text(before + sep1 + text + sep2 + after)
 
 
+
 @settings(suppress_health_check=[HealthCheck.too_slow])
 @given(before=_FILLER, sep1=_SEPARATORS, planted=_planted(), sep2=_SEPARATORS, after=_FILLER)
 def test_scrub_text_is_idempotent(
@@ -225,7 +226,6 @@ def test_scrub_text_is_idempotent(
     """Layers scrub again what an inner layer already scrubbed; the second pass must change nothing."""
     once = scrub_text(before + sep1 + planted[0] + sep2 + after)
     assert scrub_text(once) == once
-
 
 _ADVERSARIAL = [
     "a" * 1_000_000,

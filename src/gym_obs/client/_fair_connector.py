@@ -118,10 +118,7 @@ class FairTCPConnector(aiohttp.TCPConnector):
             await trace.send_connection_queued_end()
 
     async def connect(
-        self,
-        req: ClientRequest,
-        traces: list[Trace],
-        timeout: aiohttp.ClientTimeout,  # noqa: ASYNC109
+        self, req: ClientRequest, traces: list[Trace], timeout: aiohttp.ClientTimeout  # noqa: ASYNC109
     ) -> aiohttp.connector.Connection:
         if not self._gated:
             return await super().connect(req, traces, timeout)

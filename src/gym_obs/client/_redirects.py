@@ -26,11 +26,7 @@ REDIRECT_STATUSES: Final = frozenset({301, 302, 303, 307, 308})
 DEFAULT_MAX_REDIRECTS: Final = 10  # aiohttp's default
 
 _PROPAGATION_HEADERS: Final = (
-    names.TRACEPARENT_HEADER,
-    "tracestate",
-    "baggage",
-    names.SESSION_HEADER,
-    names.ROLLOUT_ID_HEADER,
+    names.TRACEPARENT_HEADER, "tracestate", "baggage", names.SESSION_HEADER, names.ROLLOUT_ID_HEADER
 )
 _CREDENTIAL_HEADERS: Final = ("Authorization", "Cookie", "Proxy-Authorization")
 _REPLAYABLE_BODIES: Final = (bytes, bytearray, memoryview, str, dict, list, tuple)

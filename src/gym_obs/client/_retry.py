@@ -226,13 +226,7 @@ class RetryTracker:
     """Per-request retry bookkeeping: counts, the decision for each failure, and the log lines."""
 
     __slots__ = (
-        "_conn_retries",
-        "_other_failures",
-        "attempts",
-        "destination",
-        "method",
-        "reasons",
-        "retries",
+        "_conn_retries", "_other_failures", "attempts", "destination", "method", "reasons", "retries"
     )
 
     def __init__(self, method: str, destination: str) -> None:
@@ -244,7 +238,9 @@ class RetryTracker:
         self._other_failures = 0
         self.reasons: Counter[str] = Counter()
 
-    def decide(self, failure: _Failure | None, uploaded: bool, elapsed_s: float, policy: Policy) -> Decision:
+    def decide(
+        self, failure: _Failure | None, uploaded: bool, elapsed_s: float, policy: Policy
+    ) -> Decision:
         """Whether to re-send after this attempt's failure, and after how long."""
         if failure is None:
             return _NO_RETRY

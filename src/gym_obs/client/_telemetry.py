@@ -233,20 +233,8 @@ class _RequestSpan:
     written in one go at the end (:meth:`end_ok`): the same span, for a fraction of the cost.
     """
 
-    __slots__ = (
-        "dest",
-        "label",
-        "method",
-        "name",
-        "rollout_id",
-        "server",
-        "span",
-        "start_ns",
-        "text",
-        "token",
-        "tracer",
-        "url",
-    )
+    __slots__ = ("dest", "label", "method", "name", "rollout_id", "server", "span", "start_ns", "text",
+                 "token", "tracer", "url")
 
     def __init__(
         self,

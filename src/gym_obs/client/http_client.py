@@ -246,23 +246,12 @@ async def request(
         _encode_json(aiohttp_kwargs)
     pool = _sessions.pool_for(_control)
     retry_args = (
-        _internal,
-        _max_connection_retries,
-        _max_num_tries,
-        _resend_after_disconnect,
-        _retry_other_errors,
+        _internal, _max_connection_retries, _max_num_tries, _resend_after_disconnect, _retry_other_errors
     )
     if STATE.enabled:
         return await traced_request(
-            pool,
-            method,
-            url,
-            aiohttp_kwargs,
-            retry_args,
-            _read_body,
-            _on_transport_failure,
-            _server_name,
-            _route,
+            pool, method, url, aiohttp_kwargs, retry_args, _read_body, _on_transport_failure,
+            _server_name, _route,
         )
     return await send_with_retries(
         pool, method, url, aiohttp_kwargs, retry_args, _read_body, _on_transport_failure, None
@@ -298,3 +287,4 @@ def observe_transport_failures(
         observe_failure(event)
 
     return hook
+

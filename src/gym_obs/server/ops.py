@@ -99,8 +99,9 @@ def set_ulimit(target_soft_limit: int = DEFAULT_NOFILE_TARGET) -> UlimitResult:
         if candidate >= target_soft_limit:
             reason = f"raised the soft limit from {soft} to {after}"
             return UlimitResult(before, after, hard_value, target_soft_limit, True, reason)
-        reason = f"raised the soft limit from {soft} to {after}, below the target {target_soft_limit}: " + (
-            f"the hard limit is {hard}" if candidate == wanted else "the platform's OPEN_MAX caps it"
+        reason = (
+            f"raised the soft limit from {soft} to {after}, below the target {target_soft_limit}: "
+            + (f"the hard limit is {hard}" if candidate == wanted else "the platform's OPEN_MAX caps it")
         )
         _log.warning("open-file limit below target", soft=after, hard=hard_value, target=target_soft_limit)
         return UlimitResult(before, after, hard_value, target_soft_limit, True, reason)
