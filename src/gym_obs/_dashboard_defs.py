@@ -320,12 +320,13 @@ def model_calls() -> dict[str, Any]:
         [p.Target(p.sum_rate(finishes, finish), _legend(finish))],
         unit="ops",
     )
-    model_seconds = p.selector(GEN_AI_SERVER_DURATION.series("_sum"), job=False)
-    rollout_seconds = p.selector(ROLLOUT_DURATION.series("_sum"), job=False)
+    model_seconds = p.selector(GEN_AI_SERVER_DURATION.series("_sum"))
+    rollout_seconds = p.selector(ROLLOUT_DURATION.series("_sum"))
     board.timeseries(
         "Share of rollout time in model calls",
-        "Model-call seconds per rollout second, over every service (parallel calls of one rollout each "
-        "count, so fan-out can exceed 100%). The rest is tools, verification and the agent's own work.",
+        "Model-call seconds per rollout second, over the selected services (select all: the model servers "
+        "time the calls, the agents the rollouts; parallel calls of one rollout each count, so fan-out can "
+        "exceed 100%). The rest is tools, verification and the agent's own work.",
         [p.Target(p.ratio_or_zero(p.sum_rate(model_seconds), p.sum_rate(rollout_seconds)), "model share")],
         unit="percentunit",
     )

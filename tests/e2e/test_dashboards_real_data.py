@@ -329,7 +329,6 @@ def test_every_panel_shows_more_than_zeros(live: LiveRun, committed: dict[str, d
         ("gym-http-client.json", "gym/agent_0"),
         ("gym-servers.json", "gym/model_0"),
         ("gym-failures.json", "gym/agent_0"),
-        ("gym-model-calls.json", "gym/model_0"),
     ],
 )
 def test_one_service_selected_by_job_has_data(

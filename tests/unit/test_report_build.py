@@ -330,7 +330,7 @@ def test_a_folder_without_rows_reports_from_rollout_spans(tmp_path: Path) -> Non
     data = build_report(run)
     assert data.stats.total == 9
     assert data.stats.outcomes == {"failed": 3, "completed": 6}
-    assert "gym.rollout spans" in data.source
+    assert "gym.harness.rollout spans" in data.source
     assert data.traces  # the slowest are drawn
 
 

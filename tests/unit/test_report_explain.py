@@ -26,7 +26,7 @@ def test_failure_chain_outermost_to_root_and_hops_with_attempts(tmp_path: Path) 
     result = _cli("run-000003", str(run))
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "outcome   failure" in out
+    assert "outcome   failed" in out
     chain = out.split("failure chain (outermost -> root cause):")[1].split("hops")[0]
     assert chain.index("1. provider_unavailable") < chain.index("2. ConnectionResetError (foreign cause)")
     assert "boundary=model stage=agent server=agent_0 http_status=503" in chain
