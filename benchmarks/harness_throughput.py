@@ -123,7 +123,7 @@ def main() -> int:
                             "p50": latency["p50"],
                             "p99": latency["p99"],
                             "cpu_ms": cpu / summary["rollouts"] * 1000,
-                            "failures": summary["outcomes"]["failure"],
+                            "failures": summary["outcomes"]["failed"],
                         }
                     )
                     print(

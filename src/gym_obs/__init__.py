@@ -30,7 +30,14 @@ if TYPE_CHECKING:
         read_report_from_row,
         store_report_on_row,
     )
-    from gym_obs.server import SimpleServer, launch
+    from gym_obs.server import (
+        RolloutOmitted,
+        SimpleServer,
+        current_rollout,
+        launch,
+        rollout_route,
+        rollout_scope,
+    )
     from gym_obs.telemetry.logging import configure_logging, get_logger
     from gym_obs.telemetry.propagation import current_rollout_id, rollout_context
     from gym_obs.telemetry.setup import setup_telemetry, shutdown_telemetry
@@ -39,11 +46,13 @@ _EXPORTS: dict[str, str] = {
     "FailureReport": "gym_obs.failures",
     "ForeignFailure": "gym_obs.failures",
     "NgFailureEvent": "gym_obs.failures",
+    "RolloutOmitted": "gym_obs.server",
     "ServerClient": "gym_obs.client",
     "SimpleServer": "gym_obs.server",
     "TimedSemaphore": "gym_obs.client",
     "caused_by": "gym_obs.failures",
     "configure_logging": "gym_obs.telemetry.logging",
+    "current_rollout": "gym_obs.server",
     "current_rollout_id": "gym_obs.telemetry.propagation",
     "failure_report_for": "gym_obs.failures",
     "format_exception_with_response_body": "gym_obs.client",
@@ -55,6 +64,8 @@ _EXPORTS: dict[str, str] = {
     "read_report_from_row": "gym_obs.failures",
     "request": "gym_obs.client",
     "rollout_context": "gym_obs.telemetry.propagation",
+    "rollout_route": "gym_obs.server",
+    "rollout_scope": "gym_obs.server",
     "setup_telemetry": "gym_obs.telemetry.setup",
     "shutdown_telemetry": "gym_obs.telemetry.setup",
     "store_report_on_row": "gym_obs.failures",
@@ -64,12 +75,14 @@ __all__ = [
     "FailureReport",
     "ForeignFailure",
     "NgFailureEvent",
+    "RolloutOmitted",
     "ServerClient",
     "SimpleServer",
     "TimedSemaphore",
     "__version__",
     "caused_by",
     "configure_logging",
+    "current_rollout",
     "current_rollout_id",
     "failure_report_for",
     "format_exception_with_response_body",
@@ -81,6 +94,8 @@ __all__ = [
     "read_report_from_row",
     "request",
     "rollout_context",
+    "rollout_route",
+    "rollout_scope",
     "setup_telemetry",
     "shutdown_telemetry",
     "store_report_on_row",

@@ -102,7 +102,7 @@ def main() -> None:
                     n.ATTR_HTTP_RESPONSE_STATUS_CODE: status,
                 },
             )
-        outcome = n.ROLLOUT_OUTCOME_FAILURE if tick % 4 == 0 else n.ROLLOUT_OUTCOME_SUCCESS
+        outcome = n.ROLLOUT_OUTCOME_FAILED if tick % 4 == 0 else n.ROLLOUT_OUTCOME_COMPLETED
         rollouts.add(1, {n.ATTR_ROLLOUT_OUTCOME: outcome})
         rollout_duration.record(rng.uniform(0.05, 20.0), {n.ATTR_ROLLOUT_OUTCOME: outcome})
         kind, boundary, stage = _FAILURES[tick % len(_FAILURES)]

@@ -228,7 +228,7 @@ class Outcome:
 
     @property
     def failed(self) -> set[str]:
-        return {row["trace_id"] for row in self.rows if row["outcome"] == names.ROLLOUT_OUTCOME_FAILURE}
+        return {row["trace_id"] for row in self.rows if row["outcome"] == names.ROLLOUT_OUTCOME_FAILED}
 
     @property
     def ok(self) -> set[str]:

@@ -216,7 +216,7 @@ def _whole_trace(jaeger: Jaeger, trace_id: str, services: set[str]) -> list[str]
 
 
 def test_a_failed_rollouts_trace_is_whole_in_the_trace_store(stack: Stack) -> None:
-    failed = [row for row in stack.rows() if row["outcome"] == names.ROLLOUT_OUTCOME_FAILURE]
+    failed = [row for row in stack.rows() if row["outcome"] == names.ROLLOUT_OUTCOME_FAILED]
     assert failed, "the fault plan failed no rollout"
     # A verifier error reached every server (a dropped connection may end a call before any SERVER span).
     failed = [row for row in failed if row.get("root_cause", {}).get("kind") == "verifier_error"] or failed
@@ -224,7 +224,7 @@ def test_a_failed_rollouts_trace_is_whole_in_the_trace_store(stack: Stack) -> No
         assert _whole_trace(stack.jaeger, row["trace_id"], SERVICES) == [], row
         spans = stack.jaeger.trace(row["trace_id"]) or []
         assert any(span.error for span in spans), "a failed rollout's trace has an error span"
-        assert [span.name for span in spans if span.parent_id is None] == [names.SPAN_ROLLOUT]
+        assert [span.name for span in spans if span.parent_id is None] == [names.SPAN_HARNESS_ROLLOUT]
 
 
 def test_redaction_backstop_strips_query_strings_from_a_non_gym_client(stack: Stack) -> None:

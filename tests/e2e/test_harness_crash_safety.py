@@ -120,8 +120,8 @@ def test_malformed_agent_bodies_fail_their_rollouts_and_the_run_goes_on(tmp_path
     injected = summary["faults_injected"]["agent_0"]["malformed_body"]
     assert injected >= len(MALFORMED_BODIES)  # every kind of bad body was served at least once
     assert len(rows) == summary["rollouts"] == 48
-    bad = [r for r in rows if r["outcome"] == names.ROLLOUT_OUTCOME_FAILURE]
-    assert len(bad) == injected == summary["outcomes"]["failure"]
+    bad = [r for r in rows if r["outcome"] == names.ROLLOUT_OUTCOME_FAILED]
+    assert len(bad) == injected == summary["outcomes"]["failed"]
     for row in bad:
         assert row["root_cause"]["kind"] == "protocol_violation"
         assert row["root_cause"]["boundary"] == "harness"
@@ -144,7 +144,7 @@ def test_success_rows_record_the_failures_their_agent_recovered_from(tmp_path: P
         "--seed", "5",
     )
     injected = summary["faults_injected"]["model_0"]["disconnect"]
-    successes = [r for r in rows if r["outcome"] == names.ROLLOUT_OUTCOME_SUCCESS]
+    successes = [r for r in rows if r["outcome"] == names.ROLLOUT_OUTCOME_COMPLETED]
     assert injected > 0 and successes
     # the agent's own CLIENT spans: one failed-attempt event per dropped model call, by rollout
     attempts: Counter[str] = Counter()
@@ -169,7 +169,7 @@ def test_success_rows_record_the_failures_their_agent_recovered_from(tmp_path: P
     # consistent with what the agent counted (metrics) and what the model server injected
     counted = summary["failure_events"]["transport_peer_drop/model/agent"]
     assert recovered_total <= counted == injected
-    if summary["outcomes"]["failure"] == 0:
+    if summary["outcomes"]["failed"] == 0:
         assert recovered_total == injected
 
 

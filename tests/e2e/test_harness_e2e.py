@@ -21,7 +21,7 @@ import pytest
 
 from gym_obs.failures import FAILURE_KINDS, read_report_from_row
 from gym_obs.harness.faults import CANARY_SECRET
-from gym_obs.harness.telemetry_files import iter_spans
+from gym_obs.harness.telemetry_files import iter_spans, read_metric_totals
 from gym_obs.telemetry import names
 from tests.e2e.rotel_collector import SPAN_KIND_CLIENT, SPAN_KIND_SERVER, RotelCollector
 
@@ -56,8 +56,18 @@ def check_rollout_trace(trace: list[dict[str, Any]], rollout_id: str) -> None:
     assert {service_of(s) for s in trace} == SERVICES
     by_id = {s["span_id"]: s for s in trace}
     roots = [s for s in trace if not s["parent_span_id"]]
-    assert [(r["name"], service_of(r)) for r in roots] == [(names.SPAN_ROLLOUT, "gym/harness")]
+    assert [(r["name"], service_of(r)) for r in roots] == [(names.SPAN_HARNESS_ROLLOUT, "gym/harness")]
     assert roots[0]["attributes"][names.ATTR_ROLLOUT_ID] == rollout_id
+    # the agent's gym.rollout span: a child of its SERVER span, the parent of every hop the agent makes
+    (rollout,) = [s for s in trace if s["name"] == names.SPAN_ROLLOUT]
+    assert service_of(rollout).startswith("gym/agent")
+    assert by_id[rollout["parent_span_id"]]["kind"] == SPAN_KIND_SERVER
+    assert service_of(by_id[rollout["parent_span_id"]]) == service_of(rollout)
+    assert rollout["attributes"][names.ATTR_ROLLOUT_ID] == rollout_id
+    agent_clients = [
+        s for s in trace if s["kind"] == SPAN_KIND_CLIENT and service_of(s) == service_of(rollout)
+    ]
+    assert agent_clients and all(s["parent_span_id"] == rollout["span_id"] for s in agent_clients)
     for span in trace:
         if span is roots[0]:
             continue
@@ -135,7 +145,7 @@ def test_rollouts_through_a_real_collector(tmp_path: Path) -> None:
         assert done.returncode == 0, done.stderr[-3000:]
         rows = read_rows(out)
         summary = json.loads((out / "latest" / "summary.json").read_text())
-        wanted = {r["trace_id"] for r in rows if r["outcome"] == names.ROLLOUT_OUTCOME_SUCCESS}
+        wanted = {r["trace_id"] for r in rows if r["outcome"] == names.ROLLOUT_OUTCOME_COMPLETED}
 
         def complete(got: list[dict[str, Any]]) -> bool:
             services: dict[str, set[str]] = defaultdict(set)
@@ -153,7 +163,7 @@ def test_rollouts_through_a_real_collector(tmp_path: Path) -> None:
 
     assert len(rows) == 48 and summary["rollouts"] == 48
     injected = summary["faults_injected"]
-    successes = [r for r in rows if r["outcome"] == names.ROLLOUT_OUTCOME_SUCCESS]
+    successes = [r for r in rows if r["outcome"] == names.ROLLOUT_OUTCOME_COMPLETED]
     assert successes and all(r["trace_id"] for r in rows)
 
     # every completed rollout is one trace across driver, agent, model and resources
@@ -184,7 +194,7 @@ def test_rollouts_through_a_real_collector(tmp_path: Path) -> None:
     verifier = [r for r in rows if r.get("root_cause", {}).get("kind") == "verifier_error"]
     assert len(verifier) == injected["resources_0"]["raise"] > 0
     for row in verifier:
-        assert row["outcome"] == names.ROLLOUT_OUTCOME_FAILURE
+        assert row["outcome"] == names.ROLLOUT_OUTCOME_FAILED
         assert row["root_cause"]["boundary"] == "resources_server"
         assert row["root_cause"]["foreign_cause"] == "ZeroDivisionError"
         report = read_report_from_row(row)
@@ -201,7 +211,7 @@ def test_rollouts_through_a_real_collector(tmp_path: Path) -> None:
     outcomes = {
         m["attributes"].get(names.ATTR_ROLLOUT_OUTCOME) for m in metrics if m["name"] == names.METRIC_ROLLOUTS
     }
-    assert outcomes == {names.ROLLOUT_OUTCOME_SUCCESS, names.ROLLOUT_OUTCOME_FAILURE}
+    assert outcomes == {names.ROLLOUT_OUTCOME_COMPLETED, names.ROLLOUT_OUTCOME_FAILED}
     kinds = {
         m["attributes"].get(names.ATTR_FAILURE_KIND)
         for m in metrics
@@ -239,7 +249,7 @@ def test_collector_outage_completes_the_run(tmp_path: Path) -> None:
     assert time.monotonic() - started < 60
     rows = read_rows(out)
     summary = json.loads((out / "latest" / "summary.json").read_text())
-    failed = [r for r in rows if r["outcome"] != names.ROLLOUT_OUTCOME_SUCCESS]
+    failed = [r for r in rows if r["outcome"] != names.ROLLOUT_OUTCOME_COMPLETED]
     # every rollout without an injected fault completed
     assert len(rows) == 60
     assert len(failed) == summary["faults_injected"]["resources_0"]["raise"]
@@ -300,14 +310,14 @@ def test_embedded_default_with_every_fault(tmp_path: Path) -> None:
         assert any(f.startswith(f"gym_{service}-") and f.endswith(".metrics.jsonl") for f in files), files
     spans = list(iter_spans(out / "latest" / "telemetry"))
     traces = traces_by_id(spans)
-    successes = [r for r in rows if r["outcome"] == names.ROLLOUT_OUTCOME_SUCCESS]
+    successes = [r for r in rows if r["outcome"] == names.ROLLOUT_OUTCOME_COMPLETED]
     assert successes
     for row in successes:
         check_rollout_trace(traces[row["trace_id"]], row["rollout_id"])
 
     # failures are typed, bounded and keep the original HTTP error when a report is bad
     for row in rows:
-        if row["outcome"] == names.ROLLOUT_OUTCOME_FAILURE:
+        if row["outcome"] == names.ROLLOUT_OUTCOME_FAILED:
             assert row["root_cause"]["kind"] in FAILURE_KINDS
             assert len(json.dumps(row)) < 64 * 1024  # a 4 MB error body never reaches a row whole
     kinds = {r["root_cause"]["kind"] for r in rows if "root_cause" in r}
@@ -388,3 +398,57 @@ def test_prometheus_endpoints_per_process(tmp_path: Path) -> None:
     finally:
         _, stderr = process.communicate(timeout=120)
     assert process.returncode == 0, stderr[-3000:]
+
+
+@pytest.mark.parametrize(("stream", "port_base"), [(False, 16900), (True, 16950)], ids=["json", "sse"])
+def test_row_token_totals_are_what_the_model_servers_reported(
+    tmp_path: Path, stream: bool, port_base: int
+) -> None:
+    """The agents' per-rollout tallies (rows, summary, the gym.rollout span) add up to the tokens the model
+    servers' model-call layer read off the same replies; streamed calls also have first-token times."""
+    out = tmp_path / "out"
+    args = ["--rollouts", "12", "--concurrency", "4", "--seed", "5", "--port-base", str(port_base)]
+    done = run_harness(out, *args, *(["--stream"] if stream else []))
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = read_rows(out)
+    summary = json.loads((out / "latest" / "summary.json").read_text())
+    assert len(rows) == 12 and all(r["outcome"] == names.ROLLOUT_OUTCOME_COMPLETED for r in rows)
+    assert all(r["model_calls"] == MODEL_CALLS for r in rows)
+    assert all(r["input_tokens"] > 0 and r["output_tokens"] > 0 for r in rows)
+    assert all(0 < r["model_time_s"] <= r["duration_s"] and r["other_time_s"] >= 0 for r in rows)
+    if stream:
+        assert all(0 < r["ttft_p50_s"] <= r["ttft_p99_s"] <= r["model_time_s"] for r in rows)
+    else:
+        assert all(r["ttft_p50_s"] is None for r in rows)
+
+    totals = read_metric_totals(out / "latest" / "telemetry")
+    reported = {
+        token_type: hist.total
+        for token_type, hist in totals.histogram_by(
+            names.METRIC_GEN_AI_SERVER_TOKEN_USAGE, lambda a: a.get(names.ATTR_GEN_AI_TOKEN_TYPE)
+        ).items()
+    }
+    row_input = sum(r["input_tokens"] for r in rows)
+    row_output = sum(r["output_tokens"] for r in rows)
+    assert reported[names.GEN_AI_TOKEN_INPUT] == row_input
+    assert reported[names.GEN_AI_TOKEN_OUTPUT] == row_output
+    model = summary["model_calls"]
+    assert (model["input_tokens"], model["output_tokens"]) == (row_input, row_output)
+    assert model["model_calls"] == 12 * MODEL_CALLS and model["rollouts_reporting"] == 12
+    assert (model["ttft_p50_s"]["count"] > 0) is stream
+
+    # the agent's gym.rollout span carries the same totals; the rollouts metric is the agent's, by outcome
+    spans = [s for s in iter_spans(out / "latest" / "telemetry") if s["name"] == names.SPAN_ROLLOUT]
+    by_rollout = {s["attributes"][names.ATTR_ROLLOUT_ID]: s["attributes"] for s in spans}
+    for row in rows:
+        attributes = by_rollout[row["rollout_id"]]
+        assert attributes[names.ATTR_ROLLOUT_OUTCOME] == names.ROLLOUT_OUTCOME_COMPLETED
+        assert attributes[names.ATTR_ROLLOUT_INPUT_TOKENS] == row["input_tokens"]
+        assert attributes[names.ATTR_ROLLOUT_OUTPUT_TOKENS] == row["output_tokens"]
+        assert attributes[names.ATTR_ROLLOUT_MODEL_CALLS] == MODEL_CALLS
+    outcomes = totals.sum_by(names.METRIC_ROLLOUTS, lambda a: a.get(names.ATTR_ROLLOUT_OUTCOME))
+    assert outcomes == {names.ROLLOUT_OUTCOME_COMPLETED: 12.0}
+    durations = totals.histogram_by(
+        names.METRIC_ROLLOUT_DURATION, lambda a: a.get(names.ATTR_ROLLOUT_OUTCOME)
+    )
+    assert durations[names.ROLLOUT_OUTCOME_COMPLETED].count == 12

@@ -131,7 +131,7 @@ def test_hangs_are_bounded_failure_rows(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     assert elapsed < 25  # every hang ended at a timeout; nothing waited for the hour a hang lasts
     rows = _rows(out)
-    assert len(rows) == 6 and all(r["outcome"] == names.ROLLOUT_OUTCOME_FAILURE for r in rows)
+    assert len(rows) == 6 and all(r["outcome"] == names.ROLLOUT_OUTCOME_FAILED for r in rows)
     roots = {(r["root_cause"]["kind"], r["root_cause"]["boundary"]) for r in rows}
     # a hung agent: the driver's bounded wait; a hung model: the agent's call timeout, with its root cause
     assert roots == {("agent_timeout", "harness"), ("transport_timeout", "model")}, roots

@@ -50,7 +50,7 @@ def _hostile_row() -> dict[str, Any]:
         "rollout_id": f"peer-{HOSTILE}",
         "index": 99999,
         "trace_id": HOSTILE_TRACE,
-        "outcome": "failure",
+        "outcome": "failed",
         "duration_s": 0.01,
         "started_at": None,
         "error": HOSTILE,
@@ -349,7 +349,7 @@ def test_screenshot_is_a_png(loaded: Loaded) -> None:
 
 def test_explain_tells_the_story_of_a_failed_rollout(run: Run) -> None:
     row = next(
-        r for r in run.rows if r["outcome"] == "failure" and r["root_cause"]["kind"] == "verifier_error"
+        r for r in run.rows if r["outcome"] == "failed" and r["root_cause"]["kind"] == "verifier_error"
     )
     result = _cli("explain", row["rollout_id"], str(run.out), "--json")
     assert result.returncode == 0, result.stderr

@@ -30,6 +30,6 @@ def test_twenty_thousand_rollouts_stay_small_and_sampled(tmp_path: Path) -> None
     assert 0 < len(waterfalls) <= SLOWEST + FAILED
     data = build_report(run)
     assert data.stats.total == ROLLOUTS
-    assert data.stats.outcomes["failure"] == ROLLOUTS // 4
+    assert data.stats.outcomes["failed"] == ROLLOUTS // 4
     assert sum(len(spans) for spans in data.traces.values()) <= 5 * (SLOWEST + FAILED)
     assert f"{ROLLOUTS}</div>" in page  # the summary counts every rollout

@@ -53,13 +53,14 @@ def test_cli_build_writes_the_committed_files_and_check_detects_drift(
     assert "gym-servers.json" in capsys.readouterr().err
 
 
-def test_the_four_dashboards_exist_with_stable_uids() -> None:
+def test_the_five_dashboards_exist_with_stable_uids() -> None:
     assert {model["uid"]: model["title"] for model in _BUILT.values()} == {
         "gym-rollouts": "gym / Rollouts overview",
         "gym-http-client": "gym / HTTP client and pools",
         "gym-servers": "gym / Servers",
         "gym-failures": "gym / Failures",
         "gym-processes": "gym / Processes",
+        "gym-model-calls": "gym / Model calls",
     }
     for name, model in _BUILT.items():
         assert name == model["uid"] + ".json"

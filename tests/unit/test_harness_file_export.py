@@ -179,7 +179,7 @@ def test_file_exporter_name_from_the_environment(tmp_path: Path) -> None:
         "with handle.tracer_provider.get_tracer('t').start_as_current_span('s'):\n"
         "    pass\n"
         "instruments = instruments_for(handle.meter_provider.get_meter('m'))\n"
-        "instruments.rollouts.add(1, {'gym.rollout.outcome': 'success'})\n"
+        "instruments.rollouts.add(1, {'gym.rollout.outcome': 'completed'})\n"
         "assert handle.shutdown(5.0)\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
@@ -197,4 +197,4 @@ def test_file_exporter_name_from_the_environment(tmp_path: Path) -> None:
     assert [(s["name"], s["service"]) for s in spans] == [("s", "gym/envcheck")]
     totals = read_metric_totals(tmp_path / "tele")
     outcomes = totals.sum_by(names.METRIC_ROLLOUTS, lambda a: a.get(names.ATTR_ROLLOUT_OUTCOME))
-    assert outcomes == {"success": 1.0}
+    assert outcomes == {"completed": 1.0}

@@ -76,7 +76,7 @@ def _result(index: int, rng: random.Random) -> RolloutResult:
         index=index,
         rollout_id=f"run-{index:06d}",
         agent="agent_0",
-        outcome="success",
+        outcome="completed",
         duration_s=rng.lognormvariate(-3, 1),
         started_at=0.0,
         trace_id=f"{index:032x}",
@@ -102,13 +102,15 @@ def test_the_tally_stays_flat_as_the_run_grows() -> None:
         tracemalloc.stop()
     grown = sum(stat.size_diff for stat in after.compare_to(before, "filename") if stat.size_diff > 0)
     assert grown < 64 * 1024, grown
-    assert tally.rollouts == 10_000 and tally.outcomes["failure"] == len(range(0, 10_000, 7))
+    assert tally.rollouts == 10_000 and tally.outcomes["failed"] == len(range(0, 10_000, 7))
 
 
 def test_remote_keys_are_capped_but_still_counted() -> None:
     tally = RunTally()
     for index in range(MAX_HOP_ROLES + 10):
-        tally.add(RolloutResult(index, f"r{index}", "a", "success", 0.1, 0.0, hops=[(f"role{index}", 0.01)]))
+        tally.add(
+            RolloutResult(index, f"r{index}", "a", "completed", 0.1, 0.0, hops=[(f"role{index}", 0.01)])
+        )
     hops = tally.hops()
     assert len(hops) == MAX_HOP_ROLES + 1 + 1  # capped roles, "(other)", and harness -> agent
     assert hops[f"agent -> {OTHER}"]["count"] == 10

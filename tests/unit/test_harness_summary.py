@@ -67,7 +67,7 @@ def test_failed_row_stores_the_report_and_its_root_cause(tmp_path: Path) -> None
         "ZeroDivisionError",
     )
     assert (failed.root.final_kind, failed.root.final_boundary) == ("agent_request_failed", "agent")
-    ok = _result(1, outcome="success", reward=1.0)
+    ok = _result(1, outcome="completed", reward=1.0)
     with RowWriter(tmp_path / "rows.jsonl") as writer:
         writer.write(failed)
         writer.write(ok)
@@ -80,7 +80,9 @@ def test_failed_row_stores_the_report_and_its_root_cause(tmp_path: Path) -> None
 
 
 def test_summary_groups_failures_and_renders(tmp_path: Path) -> None:
-    results = [_result(i, outcome="success", hops=[("model", 0.01), ("resources", 0.002)]) for i in range(8)]
+    results = [
+        _result(i, outcome="completed", hops=[("model", 0.01), ("resources", 0.002)]) for i in range(8)
+    ]
     for i in range(8, 11):
         results.append(
             RolloutResult.failed(
@@ -101,7 +103,7 @@ def test_summary_groups_failures_and_renders(tmp_path: Path) -> None:
         role_of={},
         injected={"resources_0": {"raise": 3}},
     )
-    assert summary["outcomes"] == {"success": 8, "failure": 3}
+    assert summary["outcomes"] == {"completed": 8, "failed": 3, "omitted": 0}
     assert summary["rollouts_per_second"] == 5.5
     assert summary["failures_by_root_cause"] == [
         {
@@ -150,7 +152,7 @@ def test_summary_reads_telemetry_totals() -> None:
             (names.METRIC_HTTP_CLIENT_REQUEST_DURATION, ((names.ATTR_SERVER_NAME, destination),))
         ] = hist
     summary = build_summary(
-        [_result(0, outcome="success")],
+        [_result(0, outcome="completed")],
         wall_seconds=1.0,
         run={},
         metrics=totals,

@@ -90,7 +90,7 @@ def rollout_trace(index: int, *, failed: bool, reason: str = "HTTP 503") -> dict
                 t,
                 f"a{index:015x}",
                 "",
-                names.SPAN_ROLLOUT,
+                names.SPAN_HARNESS_ROLLOUT,
                 1,
                 base,
                 base + 50 + index % 7,
@@ -165,7 +165,7 @@ def failure_row(index: int, reason: str, rollout_id: str | None = None) -> dict[
         "rollout_id": rid,
         "index": index,
         "trace_id": f"{index:032x}",
-        "outcome": "failure",
+        "outcome": "failed",
         "duration_s": 0.05 + (index % 7) / 1000,
         "started_at": 1_800_000_000 + index / 100,
         "agent": "agent_0",
@@ -204,7 +204,7 @@ def success_row(index: int) -> dict[str, Any]:
         "rollout_id": f"run-{index:06d}",
         "index": index,
         "trace_id": f"{index:032x}",
-        "outcome": "success",
+        "outcome": "completed",
         "duration_s": 0.05 + (index % 7) / 1000,
         "started_at": 1_800_000_000 + index / 100,
         "agent": "agent_0",
@@ -248,7 +248,7 @@ def test_report_has_every_section_and_a_waterfall_per_sampled_trace(tmp_path: Pa
     ):
         assert f'<section id="{section}">' in page
     data = build_report(run)
-    assert data.stats.total == 30 and data.stats.outcomes == {"failure": 10, "success": 20}
+    assert data.stats.total == 30 and data.stats.outcomes == {"failed": 10, "completed": 20}
     waterfalls = re.findall(r'id="trace-([0-9a-f]{32})" data-spans="(\d+)"', page)
     assert waterfalls, "no waterfall drawn"
     for trace_id, count in waterfalls:
@@ -313,7 +313,7 @@ def test_truncated_and_corrupt_lines_are_counted_not_fatal(tmp_path: Path) -> No
 def test_cheap_grouping_agrees_with_the_validated_chains(tmp_path: Path) -> None:
     run = make_run(tmp_path / "run", 40, failed_every=2)
     rows = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
-    rows.append({"rollout_id": "broken", "outcome": "failure", "_ng_failure_events": "nope"})
+    rows.append({"rollout_id": "broken", "outcome": "failed", "_ng_failure_events": "nope"})
     stats = RolloutStats()
     for row in rows:
         stats.add(Rollout.from_row(row, validate=False))
@@ -329,8 +329,8 @@ def test_a_folder_without_rows_reports_from_rollout_spans(tmp_path: Path) -> Non
     run = make_run(tmp_path / "serve-sink", 9, rows=False)
     data = build_report(run)
     assert data.stats.total == 9
-    assert data.stats.outcomes == {"failure": 3, "success": 6}
-    assert "gym.rollout spans" in data.source
+    assert data.stats.outcomes == {"failed": 3, "completed": 6}
+    assert "gym.harness.rollout spans" in data.source
     assert data.traces  # the slowest are drawn
 
 

@@ -26,7 +26,7 @@ def test_failure_chain_outermost_to_root_and_hops_with_attempts(tmp_path: Path) 
     result = _cli("run-000003", str(run))
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "outcome   failure" in out
+    assert "outcome   failed" in out
     chain = out.split("failure chain (outermost -> root cause):")[1].split("hops")[0]
     assert chain.index("1. provider_unavailable") < chain.index("2. ConnectionResetError (foreign cause)")
     assert "boundary=model stage=agent server=agent_0 http_status=503" in chain
@@ -42,7 +42,7 @@ def test_json_output_and_lookup_by_trace_id(tmp_path: Path) -> None:
     result = _cli(f"{3:032X}", str(run), "--json")  # a trace id, any case
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
-    assert doc["rollout_id"] == "run-000003" and doc["outcome"] == "failure"
+    assert doc["rollout_id"] == "run-000003" and doc["outcome"] == "failed"
     assert [link["kind"] for link in doc["failure_chain"]] == ["provider_unavailable", None]
     assert doc["failure_chain"][1]["exception_type"] == "ConnectionResetError"
     assert [(h["caller"], h["destination"], h["attempts"]) for h in doc["hops"]] == [
@@ -96,7 +96,7 @@ def test_grafana_link_when_the_run_used_an_otlp_endpoint(tmp_path: Path) -> None
 def test_a_folder_without_rows_is_explained_from_its_spans(tmp_path: Path) -> None:
     run = make_run(tmp_path / "sink", 5, rows=False)
     doc = json.loads(_cli("run-000003", str(run), "--json").stdout)
-    assert doc["outcome"] == "failure" and doc["trace_id"] == f"{3:032x}"
+    assert doc["outcome"] == "failed" and doc["trace_id"] == f"{3:032x}"
     assert [h["destination"] for h in doc["hops"]] == ["agent_0", "model_0"]
     missing = _cli("run-999999", str(run))
     assert missing.returncode == 2 and "it has 5 rollouts" in missing.stderr

@@ -114,7 +114,7 @@ def test_histograms_use_second_buckets_and_units_from_names(telemetry: Capture) 
     assert instruments is not None
     instruments.client_request_duration.record(0.2, {names.ATTR_SERVER_NAME: "model"})
     instruments.pool_wait_duration.record(0.0003, {names.ATTR_POOL: names.POOL_DATA})
-    instruments.rollout_duration.record(42.0, {names.ATTR_ROLLOUT_OUTCOME: names.ROLLOUT_OUTCOME_SUCCESS})
+    instruments.rollout_duration.record(42.0, {names.ATTR_ROLLOUT_OUTCOME: names.ROLLOUT_OUTCOME_COMPLETED})
     for metric in (
         names.METRIC_HTTP_CLIENT_REQUEST_DURATION,
         names.METRIC_POOL_WAIT_DURATION,
@@ -133,7 +133,7 @@ def test_every_instrument_records_with_its_unit(telemetry: Capture) -> None:
     instruments.pool_pending_requests.add(1, {names.ATTR_POOL: names.POOL_DATA})
     instruments.pool_connections.add(2, {names.ATTR_HTTP_CONNECTION_STATE: names.CONNECTION_STATE_IDLE})
     instruments.failure_events.add(1, {names.ATTR_FAILURE_KIND: "timeout"})
-    instruments.rollouts.add(1, {names.ATTR_ROLLOUT_OUTCOME: names.ROLLOUT_OUTCOME_FAILURE})
+    instruments.rollouts.add(1, {names.ATTR_ROLLOUT_OUTCOME: names.ROLLOUT_OUTCOME_FAILED})
     expected_units = {
         names.METRIC_CLIENT_RETRIES: names.UNIT_RETRY,
         names.METRIC_POOL_PENDING_REQUESTS: names.UNIT_REQUEST,

@@ -1,4 +1,4 @@
-"""The four gym dashboards, each a list of the questions a person running rollouts asks.
+"""The five gym dashboards, each a list of the questions a person running rollouts asks.
 
 Metric and label names come only from :mod:`gym_obs.dashboards.metrics` specs and
 :mod:`gym_obs.telemetry.names`.
@@ -15,6 +15,10 @@ from gym_obs.dashboards.metrics import (
     CLIENT_REQUEST_DURATION,
     CLIENT_RETRIES,
     FAILURE_EVENTS,
+    GEN_AI_SERVER_DURATION,
+    GEN_AI_SERVER_FINISHES,
+    GEN_AI_SERVER_TOKENS,
+    GEN_AI_SERVER_TTFT,
     POOL_CONNECTIONS,
     POOL_PENDING_REQUESTS,
     POOL_WAIT_DURATION,
@@ -71,7 +75,7 @@ def rollouts() -> dict[str, Any]:
             f"sum by ({_OUTCOME}) (increase({all_rollouts}[$__range]))", _legend(_OUTCOME), instant=True
         ),
     )
-    failed = p.selector(ROLLOUTS.series(), f'{_OUTCOME}="{names.ROLLOUT_OUTCOME_FAILURE}"')
+    failed = p.selector(ROLLOUTS.series(), f'{_OUTCOME}="{names.ROLLOUT_OUTCOME_FAILED}"')
     board.timeseries(
         "Rollout failure ratio",
         "Failed rollouts / all finished rollouts.",
@@ -266,12 +270,78 @@ def failures() -> dict[str, Any]:
     return board.build()
 
 
+def model_calls() -> dict[str, Any]:
+    """gym / Model calls: what the model servers saw (the model-call layer's GenAI metrics), and how much of
+    the rollouts' time went into them. Self-contained: its labels are local, its specs from dashboards."""
+    operation = p.label(names.ATTR_GEN_AI_OPERATION_NAME)
+    outcome = p.label(names.ATTR_GEN_AI_OUTCOME)
+    token_type = p.label(names.ATTR_GEN_AI_TOKEN_TYPE)
+    finish = p.label(names.ATTR_GEN_AI_RESPONSE_FINISH_REASONS)
+    board = p.Board(
+        "gym-model-calls",
+        "gym / Model calls",
+        "Model calls as the model servers saw them: rate, latency, time to first token, tokens, finish "
+        "reasons, and the share of rollout time spent in model calls.",
+    )
+    board.query_variable(
+        p.JOB_VAR, p.job_variable_query(GEN_AI_SERVER_DURATION, GEN_AI_SERVER_TOKENS), "Service"
+    )
+    calls = p.selector(GEN_AI_SERVER_DURATION.series("_count"))
+    board.timeseries(
+        "Model calls per second by operation and outcome",
+        "Finished model calls per second by dialect (chat, responses, messages) and outcome (ok, "
+        "upstream_error, exception, cancelled).",
+        [p.Target(p.sum_rate(calls, operation, outcome), _legend(operation, outcome))],
+        unit="reqps",
+    )
+    board.timeseries(
+        "Model-call duration quantiles",
+        "p50 / p90 / p99 of the time from a model request's arrival to the last byte of its reply.",
+        [p.Target(p.quantile(q, GEN_AI_SERVER_DURATION), f"p{round(q * 100)}") for q in _QUANTILES],
+        unit="s",
+        histogram=True,
+    )
+    board.timeseries(
+        "Time to first token quantiles (streamed replies)",
+        "p50 / p90 / p99 of the time from a streamed request's arrival to its first content chunk.",
+        [p.Target(p.quantile(q, GEN_AI_SERVER_TTFT), f"p{round(q * 100)}") for q in _QUANTILES],
+        unit="s",
+        histogram=True,
+    )
+    tokens = p.selector(GEN_AI_SERVER_TOKENS.series("_sum"))
+    board.timeseries(
+        "Tokens per second by type",
+        "Tokens the replies reported per second: input (cached included), output, reasoning, cached input.",
+        [p.Target(p.sum_rate(tokens, token_type), _legend(token_type))],
+        unit="short",
+    )
+    finishes = p.selector(GEN_AI_SERVER_FINISHES.series())
+    board.timeseries(
+        "Finish reasons per second",
+        "Generations finished per second by normalised finish reason (unknown values are 'other').",
+        [p.Target(p.sum_rate(finishes, finish), _legend(finish))],
+        unit="ops",
+    )
+    model_seconds = p.selector(GEN_AI_SERVER_DURATION.series("_sum"))
+    rollout_seconds = p.selector(ROLLOUT_DURATION.series("_sum"))
+    board.timeseries(
+        "Share of rollout time in model calls",
+        "Model-call seconds per rollout second, over the selected services (select all: the model servers "
+        "time the calls, the agents the rollouts; parallel calls of one rollout each count, so fan-out can "
+        "exceed 100%). The rest is tools, verification and the agent's own work.",
+        [p.Target(p.ratio_or_zero(p.sum_rate(model_seconds), p.sum_rate(rollout_seconds)), "model share")],
+        unit="percentunit",
+    )
+    return board.build()
+
+
 DASHBOARDS: Final[dict[str, Callable[[], dict[str, Any]]]] = {
     "gym-rollouts.json": rollouts,
     "gym-http-client.json": http_client,
     "gym-servers.json": servers,
     "gym-failures.json": failures,
     "gym-processes.json": processes,
+    "gym-model-calls.json": model_calls,
 }
 
 

@@ -26,6 +26,7 @@ from gym_obs.failures import (
 __all__ = [
     "MAX_HOPS",
     "MAX_ROLE_CHARS",
+    "USAGE_KEYS",
     "AgentReply",
     "malformed_reply",
     "parse_agent_reply",
@@ -45,6 +46,20 @@ class AgentReply:
     reward: float | None = None
     hops: list[tuple[str, float]] = field(default_factory=list)
     recovered: FailureReport | None = None
+    usage: dict[str, float | int | None] | None = None
+
+
+#: The per-rollout model-call tallies an agent may report under ``usage`` (``RolloutTally.summary``).
+USAGE_KEYS: Final = (
+    "input_tokens",
+    "output_tokens",
+    "model_calls",
+    "ttft_p50_s",
+    "ttft_p99_s",
+    "model_time_s",
+    "other_time_s",
+)
+_COUNT_KEYS: Final = frozenset({"input_tokens", "output_tokens", "model_calls"})
 
 
 _JSON_TYPES: Final = {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
@@ -113,4 +128,22 @@ def parse_agent_reply(body: Any, agent: str, recovered: FailureReport | None = N
     if reward is not None and _number(reward) is None:
         raise malformed_reply(agent, "has a 'reward' that is not a finite number or null")
     hops = _hops(body["hops"], agent) if "hops" in body else []
-    return AgentReply(reward=_number(reward), hops=hops, recovered=recovered)
+    usage = _usage(body["usage"], agent) if "usage" in body else None
+    return AgentReply(reward=_number(reward), hops=hops, recovered=recovered, usage=usage)
+
+
+def _usage(value: object, agent: str) -> dict[str, float | int | None]:
+    """The reply's ``usage``: known keys only, each a non-negative number (counts: integers) or null."""
+    if not isinstance(value, dict):
+        raise malformed_reply(agent, "has a 'usage' that is not an object")
+    usage: dict[str, float | int | None] = {}
+    for key in USAGE_KEYS:
+        item = value.get(key)
+        number = _number(item)
+        if item is None:
+            usage[key] = None
+        elif number is None or number < 0 or (key in _COUNT_KEYS and type(item) is not int):
+            raise malformed_reply(agent, f"has a 'usage.{key}' that is not a non-negative number")
+        else:
+            usage[key] = item if key in _COUNT_KEYS else number
+    return usage

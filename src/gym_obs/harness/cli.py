@@ -163,6 +163,11 @@ def add_harness_parser(subparsers: Any) -> None:
         default="lognormal",
         help="how model latencies are drawn around the median (default lognormal)",
     )
+    run.add_argument(
+        "--stream",
+        action="store_true",
+        help="model replies as SSE streams, read by the agent event by event (default: JSON replies)",
+    )
     run.add_argument("--turns", type=_positive, default=3, help="model turns per rollout (default 3)")
     run.add_argument(
         "--fanout", type=_positive, default=3, help="parallel calls on fan-out turns (default 3)"
@@ -248,6 +253,7 @@ def _run(args: argparse.Namespace) -> int:
             telemetry=not args.no_telemetry,
             model_latency_s=args.model_latency_ms / 1000.0,
             latency_distribution=args.latency_distribution,
+            stream=args.stream,
             turns=args.turns,
             fanout=args.fanout,
             request_timeout_s=args.request_timeout,

@@ -1,11 +1,12 @@
 """The driver: many concurrent rollouts through the agents, one traced span and one row per rollout.
 
 The driver is a gym process like the servers (service ``gym/harness``): each rollout is an INTERNAL span
-``gym.rollout`` whose trace continues through the agent into the model and resources servers, the rollout
-id travels with every hop, and a failure comes back as the remote root cause (``raise_boundary_failure``),
-never as a bare HTTP 500. Failures the driver observes itself (the agent unreachable, a timeout, a reply
-that is not the agent protocol) are ``NgFailureEvent``s at boundary ``harness`` raised from the error they
-saw: one bad reply fails one rollout, never the run.
+``gym.harness.rollout`` whose trace continues through the agent (its ``gym.rollout`` span, which counts
+the rollout's outcome) into the model and resources servers; the rollout id travels with every hop, and a
+failure comes back as the remote root cause (``raise_boundary_failure``), never as a bare HTTP 500.
+Failures the driver observes itself (the agent unreachable, a timeout, a reply that is not the agent
+protocol) are ``NgFailureEvent``s at boundary ``harness`` raised from the error they saw: one bad reply
+fails one rollout, never the run.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from gym_obs.harness.rows import RolloutResult
 from gym_obs.harness.servers._common import failure_for_call
 from gym_obs.harness.tally import RunTally
 from gym_obs.telemetry import names
-from gym_obs.telemetry.metrics import Instruments
 from gym_obs.telemetry.propagation import rollout_context
 from gym_obs.telemetry.spans import current_ids, record_exception, set_span_error
 
@@ -48,7 +48,6 @@ class Driver:
     run_id: str
     rollout_timeout_s: float
     tracer: Tracer | None = None
-    instruments: Instruments | None = None
     cancelled: int = 0  # rollouts in flight when the run was stopped
 
     @contextlib.contextmanager
@@ -57,7 +56,7 @@ class Driver:
             yield None
             return
         with self.tracer.start_as_current_span(
-            names.SPAN_ROLLOUT,
+            names.SPAN_HARNESS_ROLLOUT,
             kind=SpanKind.INTERNAL,
             attributes={names.ATTR_ROLLOUT_ID: rollout_id},
             record_exception=False,
@@ -96,19 +95,18 @@ class Driver:
                 )
             else:
                 result = RolloutResult(
-                    outcome=names.ROLLOUT_OUTCOME_SUCCESS,
+                    outcome=names.ROLLOUT_OUTCOME_COMPLETED,
                     duration_s=time.perf_counter() - started,
                     reward=reply.reward,
                     hops=reply.hops,
                     report=reply.recovered,
+                    usage=reply.usage,
                     **common,
                 )
             if span is not None:
                 span.set_attribute(names.ATTR_ROLLOUT_OUTCOME, result.outcome)
-        if self.instruments is not None:
-            attributes = {names.ATTR_ROLLOUT_OUTCOME: result.outcome}
-            self.instruments.rollout_duration.record(result.duration_s, attributes)
-            self.instruments.rollouts.add(1, attributes)
+        # gym.rollouts / gym.rollout.duration are the agent's (its gym.rollout span, server.rollouts):
+        # counting here too would count every rollout twice in a fleet's dashboards.
         return result
 
     async def _run(self, agent: str, index: int) -> AgentReply:

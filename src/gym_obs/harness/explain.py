@@ -165,7 +165,7 @@ def _find(wanted: str, run_dir: Path, tel_dir: Path) -> tuple[Rollout | None, in
                 return Rollout.from_row(row), count
         return None, count
     for span in iter_spans(tel_dir, skipped):
-        if span.name != names.SPAN_ROLLOUT:
+        if span.name != names.SPAN_HARNESS_ROLLOUT:
             continue
         count += 1
         rollout = rollout_from_span(span)

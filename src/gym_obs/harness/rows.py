@@ -22,6 +22,7 @@ import orjson
 
 from gym_obs.failures.report import FailureReport, failure_report_for
 from gym_obs.failures.rows import store_report_on_row
+from gym_obs.telemetry import names
 
 __all__ = ["RolloutResult", "RootCause", "RowWriter", "root_cause_of"]
 
@@ -89,6 +90,7 @@ class RolloutResult:
     report: FailureReport | None = None
     root: RootCause | None = None
     error: str | None = None
+    usage: dict[str, float | int | None] | None = None  # the agent's model-call tallies (AgentReply.usage)
 
     @classmethod
     def failed(
@@ -97,7 +99,7 @@ class RolloutResult:
         """A failed rollout; ``report`` (default: ``error``'s own chain) may add what else was observed."""
         if report is None:
             report = failure_report_for(error)
-        result = cls(outcome="failure", report=report, **fields)
+        result = cls(outcome=names.ROLLOUT_OUTCOME_FAILED, report=report, **fields)
         result.root = root_cause_of(report)
         result.error = str(error)
         return result
@@ -106,7 +108,7 @@ class RolloutResult:
     def recovered_failures(self) -> int:
         """Gym failure events a successful rollout recovered from (retried calls), as its agent reported
         them (their foreign causes are on the row too, not counted here)."""
-        if self.outcome == "failure" or self.report is None:
+        if self.outcome == names.ROLLOUT_OUTCOME_FAILED or self.report is None:
             return 0
         return sum(1 for record in self.report.events.values() if record.get("failure_kind") is not None)
 
@@ -128,6 +130,8 @@ class RolloutResult:
             row["error"] = self.error
         if self.recovered_failures:
             row["recovered_failures"] = self.recovered_failures
+        if self.usage is not None:
+            row.update(self.usage)
         return store_report_on_row(row, self.report)
 
 

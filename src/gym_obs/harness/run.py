@@ -53,7 +53,6 @@ from gym_obs.server.launcher import Launch, LaunchError, launch, output_console
 from gym_obs.server.uvicorn import ServerStartupError
 from gym_obs.telemetry import names
 from gym_obs.telemetry.logging import configure_logging
-from gym_obs.telemetry.metrics import instruments_for
 from gym_obs.telemetry.redaction import scrub_text
 from gym_obs.telemetry.setup import TelemetryHandle, setup_telemetry
 
@@ -207,14 +206,12 @@ async def _drive(
     tracer = (
         handle.tracer_provider.get_tracer(names.INSTRUMENTATION_SCOPE) if handle.tracer_provider else None
     )
-    meter = handle.meter_provider.get_meter(names.INSTRUMENTATION_SCOPE) if handle.meter_provider else None
     driver = Driver(
         client=client,
         agents=layout.agents,
         run_id=options.run_id,
         rollout_timeout_s=options.rollout_timeout_s,
         tracer=tracer if handle.enabled else None,
-        instruments=instruments_for(meter) if (meter is not None and handle.enabled) else None,
     )
 
     def on_result(result: RolloutResult) -> None:
@@ -222,7 +219,7 @@ async def _drive(
             writer.write(result)  # on disk before this worker awaits its next rollout
         except OSError as exc:
             raise HarnessError(f"cannot write {writer.path}: {exc.strerror or exc}") from None
-        progress.record(result.duration_s, failed=result.outcome != names.ROLLOUT_OUTCOME_SUCCESS)
+        progress.record(result.duration_s, failed=result.outcome != names.ROLLOUT_OUTCOME_COMPLETED)
 
     async def log_progress() -> None:
         """A progress line in the run's log every few seconds, terminal or not: what finished so far."""

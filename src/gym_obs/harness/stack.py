@@ -76,6 +76,7 @@ class HarnessOptions:
     telemetry: bool = True
     model_latency_s: float = 0.01
     latency_distribution: str = "lognormal"
+    stream: bool = False  # model replies as SSE streams (the model servers' and the agent's setting)
     turns: int = 3
     fanout: int = 3
     request_timeout_s: float | None = None  # None: 5 s, more when the model latency needs it
@@ -247,6 +248,7 @@ def build_layout(options: HarnessOptions) -> StackLayout:
                 fanout=options.fanout,
                 request_timeout_s=options.call_timeout_s,
                 max_tries=AGENT_MAX_TRIES,
+                stream=options.stream,
             )
         elif role == "model":
             own["latency"] = {
@@ -254,6 +256,7 @@ def build_layout(options: HarnessOptions) -> StackLayout:
                 "median_s": options.model_latency_s,
                 "max_s": MODEL_MAX_LATENCY_S,
             }
+            own["stream"] = options.stream
         servers[name] = {
             "entrypoint": ENTRYPOINTS[role],
             "server_type": ROLE_SERVER_TYPES[role],

@@ -51,6 +51,7 @@ def build_summary(
         "quantile_precision": dict(QUANTILE_PRECISION),
         "failures_by_root_cause": tally.failure_groups(),
         "recovered_failures": tally.recovered_failures,
+        "model_calls": tally.model_calls(),
         "faults_injected": injected,
         "hops_source": "in_band",
         "hops": in_band,
@@ -134,6 +135,25 @@ def _quantile_table(title: str, rows: Iterable[tuple[str, dict[str, Any]]], labe
     return table
 
 
+def _model_calls_table(model: dict[str, Any], console: Console) -> None:
+    """Tokens, calls and where the rollouts' time went, as the agents reported them."""
+    table = Table(title="Model calls (as the agents saw them)", title_justify="left", show_header=False)
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    table.add_row("rollouts reporting", str(model["rollouts_reporting"]))
+    table.add_row("model calls", str(model["model_calls"]))
+    table.add_row("input tokens", str(model["input_tokens"]))
+    table.add_row("output tokens", str(model["output_tokens"]))
+    share = model.get("model_time_share")
+    table.add_row("time in model calls", f"{model['model_time_s']:.3f} s")
+    table.add_row("time elsewhere", f"{model['other_time_s']:.3f} s")
+    table.add_row("model-call share", "-" if share is None else f"{100 * share:.1f}%")
+    console.print(table)
+    ttft = [(f"per-rollout TTFT {q}", model[f"ttft_{q}_s"]) for q in ("p50", "p99")]
+    if any(q.get("count") for _, q in ttft):
+        console.print(_quantile_table("Time to first token (streamed calls)", ttft, "what"))
+
+
 def render_summary(summary: dict[str, Any], console: Console) -> None:
     """Print the summary as tables (from the same dict that goes to summary.json)."""
     head = Table(title="Run", title_justify="left", show_header=False)
@@ -178,6 +198,9 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
     console.print(
         _quantile_table(f"Latency per hop ({summary['hops_source']})", summary["hops"].items(), "hop")
     )
+    model = summary.get("model_calls")
+    if model:
+        _model_calls_table(model, console)
 
     if summary["retries"] is not None:
         table = Table(title="Retries by reason", title_justify="left")

@@ -24,6 +24,7 @@ OTHER: Final = "(other)"
 _NO_GROUP: Final = "-"
 
 _GroupKey = tuple[str, str, str, str]
+_USAGE_SUMS: Final = ("input_tokens", "output_tokens", "model_calls", "model_time_s", "other_time_s")
 
 
 class RunTally:
@@ -38,6 +39,10 @@ class RunTally:
         self._groups: Counter[_GroupKey] = Counter()
         self._examples: dict[_GroupKey, str | None] = {}
         self._hops: dict[str, QuantileSketch] = {}
+        self._usage_totals: dict[str, float] = dict.fromkeys(_USAGE_SUMS, 0.0)
+        self._usage_rollouts = 0
+        self._ttft_p50 = QuantileSketch()
+        self._ttft_p99 = QuantileSketch()
 
     @classmethod
     def of(cls, results: Iterable[RolloutResult]) -> RunTally:
@@ -55,6 +60,38 @@ class RunTally:
             self._add_group(result)
         for role, seconds in result.hops:
             self._hop(role).add(seconds)
+        if result.usage is not None:
+            self._add_usage(result.usage)
+
+    def _add_usage(self, usage: dict[str, float | int | None]) -> None:
+        self._usage_rollouts += 1
+        for key in _USAGE_SUMS:
+            value = usage.get(key)
+            if value is not None:
+                self._usage_totals[key] += value
+        for key, sketch in (("ttft_p50_s", self._ttft_p50), ("ttft_p99_s", self._ttft_p99)):
+            value = usage.get(key)
+            if value is not None:
+                sketch.add(float(value))
+
+    def model_calls(self) -> dict[str, Any] | None:
+        """Model-call totals over the rollouts whose agent reported them (None when none did): tokens,
+        calls, time with a model call in flight vs elsewhere, and the per-rollout TTFT p50/p99 spread."""
+        if not self._usage_rollouts:
+            return None
+        totals = self._usage_totals
+        model_s, other_s = totals["model_time_s"], totals["other_time_s"]
+        return {
+            "rollouts_reporting": self._usage_rollouts,
+            "input_tokens": int(totals["input_tokens"]),
+            "output_tokens": int(totals["output_tokens"]),
+            "model_calls": int(totals["model_calls"]),
+            "model_time_s": round(model_s, 6),
+            "other_time_s": round(other_s, 6),
+            "model_time_share": round(model_s / (model_s + other_s), 4) if model_s + other_s > 0 else None,
+            "ttft_p50_s": self._ttft_p50.summary(),
+            "ttft_p99_s": self._ttft_p99.summary(),
+        }
 
     def _add_group(self, result: RolloutResult) -> None:
         root = result.root

@@ -11,6 +11,13 @@ from gym_obs.server.base_server import BaseServer, SimpleServer, load_server
 from gym_obs.server.head_server import HeadServer
 from gym_obs.server.launcher import Launch, LaunchError, launch
 from gym_obs.server.ops import UlimitResult, set_ulimit
+from gym_obs.server.rollouts import (
+    RolloutOmitted,
+    RolloutTally,
+    current_rollout,
+    rollout_route,
+    rollout_scope,
+)
 from gym_obs.server.sessions import (
     SESSION_ID_KEY,
     OwnedSessionRouting,
@@ -34,16 +41,21 @@ __all__ = [
     "LaunchError",
     "OwnedSessionRouting",
     "PathContextMiddleware",
+    "RolloutOmitted",
+    "RolloutTally",
     "ServerProfiler",
     "ServerStartupError",
     "SessionMiddleware",
     "SimpleServer",
     "UlimitResult",
     "boundary_for_server_type",
+    "current_rollout",
     "current_session_id",
     "instrument_app_for_telemetry",
     "launch",
     "load_server",
+    "rollout_route",
+    "rollout_scope",
     "set_ulimit",
     "validate_forwarded_allow_ips",
 ]

@@ -40,6 +40,7 @@ from gym_obs.telemetry.genai import (
     update_from_event,
 )
 from gym_obs.telemetry.metrics import AttributeCache, Instruments
+from gym_obs.telemetry.spans import set_trusted_attributes
 
 __all__ = [
     "MODEL_CALLS_CONFIG_KEY",
@@ -58,13 +59,14 @@ MAX_JSON_BYTES: Final = 8 * 1024 * 1024
 MAX_REQUEST_SCAN_BYTES: Final = 1024 * 1024
 #: Before the first content event at most this many stream bytes are read event by event.
 MAX_HEAD_BYTES: Final = 4 * 1024 * 1024
-#: After content started, the stream's last chunks are kept (by reference) up to this many bytes, and the
-#: final events (usage, finish reasons) are read from them. A Responses stream repeats the whole output in
-#: its final ``response.completed`` event, so it keeps more.
+#: After content started, the stream's last chunks are kept (a reference to each body, in a ring bounded by
+#: count, so a chunk costs one append and no arithmetic) and the final events (usage, finish reasons) are read
+#: from at most the last ``TAIL_BYTES`` of them. The ring holds only bodies already passed on; its count
+#: covers final events split into small pieces. A Responses stream repeats the whole output in its final
+#: ``response.completed`` event, so it reads more.
+TAIL_CHUNKS: Final = 1024
 TAIL_BYTES: Final = 64 * 1024
 RESPONSES_TAIL_BYTES: Final = 1024 * 1024
-#: Each kept chunk counts this many bytes more, which also bounds how many chunks are kept.
-_CHUNK_CHARGE: Final = 64
 #: Only the stream's last events are read at its end: usage and finish reasons are there.
 TAIL_EVENTS: Final = 16
 
@@ -145,11 +147,15 @@ class _Call:
         "status",
         "streamed",
         "tail",
-        "tail_bytes",
-        "tail_limit",
-        "tail_trimmed",
         "was_read",
     )
+
+    # set in _start for the reply's kind only
+    json_parts: list[bytes]
+    json_bytes: int
+    sse: SseEvents
+    head_bytes: int
+    tail: deque[bytes] | None
 
     def __init__(
         self,
@@ -174,17 +180,9 @@ class _Call:
         self.first_token_at: float | None = None
         self.request_model: str | None = None
         self.scanned = 0
-        self.json_parts: list[bytes] = []
-        self.json_bytes = 0
-        self.head_bytes = 0
-        self.sse: SseEvents | None = None
-        self.tail: deque[bytes] | None = None
-        self.tail_bytes = 0
-        self.tail_trimmed = False
-        responses = operation == names.GEN_AI_OPERATION_RESPONSES
-        self.tail_limit = RESPONSES_TAIL_BYTES if responses else TAIL_BYTES
         self.was_read = False
         self.recorded = False
+        # JSON replies set json_parts/json_bytes, streams the rest, in _start (a call pays for its own kind)
 
     async def receive(self) -> Message:
         message = await self._receive()
@@ -200,17 +198,14 @@ class _Call:
 
     def send(self, message: Message) -> Awaitable[None]:
         """Look at ``message`` and pass it on untouched (the inner send's awaitable is returned as is)."""
-        if self.mode == _TAIL:  # the hot path of a stream: keep a reference, nothing else
-            if message["type"] == _BODY:
-                body = message.get("body", b"")
-                tail = self.tail
-                tail.append(body)  # type: ignore[union-attr]
-                self.tail_bytes += len(body) + _CHUNK_CHARGE
-                if self.tail_bytes > self.tail_limit:
-                    self._trim()
-                if not message.get("more_body", False):
-                    return self._last(message)
-            return self._send(message)
+        if self.mode == _TAIL:  # the hot path of a stream: keep a reference to the body, nothing else
+            if message.get("more_body", False):
+                self.tail.append(message.get("body", b""))  # type: ignore[union-attr]
+                return self._send(message)
+            if message["type"] != _BODY:
+                return self._send(message)
+            self.tail.append(message.get("body", b""))  # type: ignore[union-attr]
+            return self._last(message)
         try:
             self._inspect(message)
         except Exception:
@@ -219,13 +214,6 @@ class _Call:
         if message["type"] == _BODY and not message.get("more_body", False):
             return self._last(message)
         return self._send(message)
-
-    def _trim(self) -> None:
-        tail = self.tail
-        assert tail is not None
-        self.tail_trimmed = True
-        while len(tail) > 1 and self.tail_bytes > self.tail_limit:
-            self.tail_bytes -= len(tail.popleft()) + _CHUNK_CHARGE
 
     async def _last(self, message: Message) -> None:
         """The final body message: its bytes go out first, then the reply is read and the SERVER span told
@@ -275,8 +263,12 @@ class _Call:
         if content_type.startswith(b"text/event-stream"):
             self.streamed = True
             self.sse = SseEvents()
+            self.head_bytes = 0
+            self.tail = None
             self.mode = _HEAD
         elif b"json" in content_type:
+            self.json_parts = []
+            self.json_bytes = 0
             self.mode = _JSON
         else:
             self.facts.flag(names.GEN_AI_UNPARSABLE_CONTENT_TYPE)
@@ -299,7 +291,7 @@ class _Call:
                         {names.ATTR_GEN_AI_TIME_TO_FIRST_TOKEN: now - self.started},
                     )
         if facts.content_started or self.head_bytes > MAX_HEAD_BYTES:
-            self.tail = deque()
+            self.tail = deque(maxlen=TAIL_CHUNKS)
             self.mode = _TAIL
 
     # -- after the last byte -------------------------------------------------------------------------------
@@ -313,38 +305,61 @@ class _Call:
         if self.mode == _JSON:
             facts_from_json(self.operation, b"".join(self.json_parts), facts)
             self.json_parts = []
-        elif self.streamed and self.sse is not None:
-            if self.mode == _TAIL and self.tail:
-                self._read_tail()
-            if self.complete and self.sse.pending:
+        elif self.streamed:
+            sse = self.sse
+            truncated = sse.pending
+            if self.tail:
+                truncated = self._read_tail()
+            if self.complete and truncated:
                 facts.flag(names.GEN_AI_UNPARSABLE_TRUNCATED)
-            if self.sse.dropped:
+            if sse.dropped:
                 facts.flag(names.GEN_AI_UNPARSABLE_TOO_LARGE)
             if not facts.has_usage:
                 facts.flag(names.GEN_AI_UNPARSABLE_MISSING_USAGE)
 
-    def _read_tail(self) -> None:
-        """Read the last ``TAIL_EVENTS`` events of what was kept (found from the end, never the whole)."""
+    def _read_tail(self) -> bool:
+        """Read the last ``TAIL_EVENTS`` events of what was kept (never the whole stream event by event);
+        True when the stream ended inside an event."""
         tail = self.tail
-        assert tail is not None and self.sse is not None
-        data = b"".join(tail)
+        assert tail is not None
         self.tail = None
+        responses = self.operation == names.GEN_AI_OPERATION_RESPONSES
+        limit = RESPONSES_TAIL_BYTES if responses else TAIL_BYTES
+        trimmed = len(tail) == tail.maxlen  # older chunks may have left the ring
+        if sum(map(len, tail)) <= 4 * limit:
+            joined = b"".join(tail)
+        else:  # a few huge chunks: join only what the limit keeps
+            bodies: list[bytes] = []
+            size = 0
+            for body in reversed(tail):
+                bodies.append(body)
+                size += len(body)
+                if size > limit:
+                    break
+            joined = b"".join(reversed(bodies))
+        if len(joined) > limit:
+            joined = joined[len(joined) - limit :]
+            trimmed = True
+        data = joined
         if b"\r" in data:
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        cut = len(data)
-        for _ in range(TAIL_EVENTS + 1):
-            cut = data.rfind(b"\n\n", 0, cut)
-            if cut < 0:
-                break
-        sse = self.sse
-        if cut >= 0 or self.tail_trimmed:
-            # Start at an event boundary; what came before it cannot change the facts any more.
-            data = data[cut + 2 :] if cut >= 0 else data[_event_boundary(data) :]
-            sse = SseEvents()
-        for event in sse.feed(data):
-            if _late_event(self.operation, event):
-                update_from_event(self.operation, event, self.facts)
-        self.sse = sse
+        blocks = data.split(b"\n\n")  # one C call; the last piece is what follows the last event
+        if not trimmed and self.sse.pending:
+            # the head's reader stopped inside an event: the tail continues it
+            for event in self.sse.feed(data):
+                if _late_event(self.operation, event):
+                    update_from_event(self.operation, event, self.facts)
+            return self.sse.pending
+        rest = blocks.pop()
+        if trimmed and len(blocks) <= TAIL_EVENTS:
+            blocks = blocks[1:]  # the first piece may start mid-event
+        operation, facts = self.operation, self.facts
+        for block in blocks[-TAIL_EVENTS:]:
+            if _late_event(operation, block):  # a byte search before any per-line work
+                payload = _event_data(block)
+                if payload is not None:
+                    update_from_event(operation, payload, facts)
+        return bool(rest.strip())
 
     def outcome(self, error: BaseException | None) -> str:
         if error is not None:
@@ -360,14 +375,16 @@ class _Call:
         return names.GEN_AI_OUTCOME_OK
 
 
-def _event_boundary(data: bytes) -> int:
-    """Offset just past the first blank line (any SSE line ending), or len(data) when there is none."""
-    best = len(data)
-    for mark in (b"\n\n", b"\r\n\r\n", b"\r\r"):
-        at = data.find(mark)
-        if at >= 0:
-            best = min(best, at + len(mark))
-    return best
+def _event_data(block: bytes) -> bytes | None:
+    """The ``data`` of one complete SSE event block (its lines joined with newlines), or None."""
+    lines = [
+        line[6:] if line.startswith(b"data: ") else line[5:]
+        for line in block.split(b"\n")
+        if line.startswith(b"data:")
+    ]
+    if not lines:
+        return None
+    return lines[0] if len(lines) == 1 else b"\n".join(lines)
 
 
 def _non_null_after(data: bytes, key: bytes) -> bool:
@@ -428,6 +445,7 @@ class ModelCallMiddleware:
         self.server_name = server_name
         self.provider = provider
         self.allowed_models = frozenset(model_allow_list)
+        self._label_model = bool(self.allowed_models)
         keys = [names.ATTR_SERVER_NAME, names.ATTR_GEN_AI_OPERATION_NAME]
         if provider is not None:
             keys.append(names.ATTR_GEN_AI_PROVIDER_NAME)
@@ -466,13 +484,16 @@ class ModelCallMiddleware:
             self._record(call, None, instruments)
 
     def _labels(self, call: _Call) -> tuple[str, ...]:
-        values = [self.server_name or STATE.server_name or "", call.operation]
-        if self.provider is not None:
-            values.append(self.provider)
-        if self.allowed_models:
-            model = call.request_model or call.facts.response_model
-            values.append(model if model in self.allowed_models else names.GEN_AI_MODEL_OTHER)
-        return tuple(values)
+        server = self.server_name or STATE.server_name or ""
+        if not self._label_model:
+            if self.provider is None:
+                return (server, call.operation)
+            return (server, call.operation, self.provider)
+        model = call.request_model or call.facts.response_model
+        model = model if model in self.allowed_models else names.GEN_AI_MODEL_OTHER
+        if self.provider is None:
+            return (server, call.operation, model)
+        return (server, call.operation, self.provider, model)
 
     def _record(self, call: _Call, error: BaseException | None, instruments: Instruments) -> None:
         """Metrics and SERVER-span attributes of one call (once: at its last byte, else when it ended)."""
@@ -488,15 +509,22 @@ class ModelCallMiddleware:
         ok = outcome == names.GEN_AI_OUTCOME_OK
         if ok and call.first_token_at is not None:
             instruments.gen_ai_server_ttft.record(call.first_token_at - call.started, self._base.get(*labels))
-        for token_type, count in facts.tokens():
-            instruments.gen_ai_server_tokens.record(count, self._with_token.get(*labels, token_type))
+        tokens, with_token = instruments.gen_ai_server_tokens, self._with_token
+        for token_type, count in (
+            (names.GEN_AI_TOKEN_INPUT, facts.input_tokens),
+            (names.GEN_AI_TOKEN_OUTPUT, facts.output_tokens),
+            (names.GEN_AI_TOKEN_REASONING, facts.reasoning_tokens),
+            (names.GEN_AI_TOKEN_CACHED_INPUT, facts.cached_input_tokens),
+        ):
+            if count is not None:
+                tokens.record(count, with_token.get(*labels, token_type))
         for reason in facts.finish_reasons:
             instruments.gen_ai_server_finishes.add(1, self._with_finish.get(*labels, reason))
         if ok and facts.problem is not None:
             instruments.gen_ai_server_unparsable.add(1, self._with_reason.get(*labels, facts.problem))
         span = call.span
         if span is not None:
-            span.set_attributes(self._span_attributes(call, outcome))
+            set_trusted_attributes(span, self._span_attributes(call, outcome))
 
     def _span_attributes(self, call: _Call, outcome: str) -> dict[str, Any]:
         facts = call.facts

@@ -14,8 +14,18 @@ from typing import Any, Final
 from opentelemetry.metrics import Counter, Histogram, Meter, UpDownCounter
 
 from gym_obs.telemetry import names
+from gym_obs.telemetry.preaggregated import (
+    PreAggregatedCounter,
+    PreAggregatedHistogram,
+    PreAggregation,
+    attach,
+)
 
-__all__ = ["AttributeCache", "Instruments", "instruments_for"]
+__all__ = ["AttributeCache", "CounterLike", "HistogramLike", "Instruments", "instruments_for"]
+
+#: An SDK instrument, or its pre-aggregated twin (same ``record`` / ``add`` call).
+HistogramLike = Histogram | PreAggregatedHistogram
+CounterLike = Counter | PreAggregatedCounter
 
 
 def _histogram(meter: Meter, name: str, description: str) -> Histogram:
@@ -27,13 +37,21 @@ def _histogram(meter: Meter, name: str, description: str) -> Histogram:
     )
 
 
-def _gen_ai_histogram(meter: Meter, name: str, unit: str, description: str) -> Histogram:
+def _gen_ai_histogram(
+    meter: Meter, pre: PreAggregation | None, name: str, unit: str, description: str
+) -> HistogramLike:
+    boundaries = names.GEN_AI_HISTOGRAM_BUCKETS[name]
+    if pre is not None:
+        return pre.histogram(name, unit, description, boundaries)
     return meter.create_histogram(
-        name,
-        unit=unit,
-        description=description,
-        explicit_bucket_boundaries_advisory=list(names.GEN_AI_HISTOGRAM_BUCKETS[name]),
+        name, unit=unit, description=description, explicit_bucket_boundaries_advisory=list(boundaries)
     )
+
+
+def _counter(meter: Meter, pre: PreAggregation | None, name: str, unit: str, description: str) -> CounterLike:
+    if pre is not None:
+        return pre.counter(name, unit, description)
+    return meter.create_counter(name, unit=unit, description=description)
 
 
 class Instruments:
@@ -92,34 +110,43 @@ class Instruments:
         self.rollouts: Counter = meter.create_counter(
             names.METRIC_ROLLOUTS, unit=names.UNIT_ROLLOUT, description="Finished rollouts, by outcome."
         )
-        # GenAI model calls (issue 15): recorded by the model servers' model-call layer.
-        self.gen_ai_server_duration: Histogram = _gen_ai_histogram(
+        # GenAI model calls (issue 15): recorded by the model servers' model-call layer, several measurements
+        # per call, so pre-aggregated in-process where the meter is the SDK's (see preaggregated.py).
+        pre = attach(meter)
+        self.gen_ai_server_duration: HistogramLike = _gen_ai_histogram(
             meter,
+            pre,
             names.METRIC_GEN_AI_SERVER_REQUEST_DURATION,
             names.UNIT_SECONDS,
             "Model call duration on the model server, to the last byte of the reply.",
         )
-        self.gen_ai_server_ttft: Histogram = _gen_ai_histogram(
+        self.gen_ai_server_ttft: HistogramLike = _gen_ai_histogram(
             meter,
+            pre,
             names.METRIC_GEN_AI_SERVER_TIME_TO_FIRST_TOKEN,
             names.UNIT_SECONDS,
             "Time from the request's arrival to the first content chunk of a streamed reply.",
         )
-        self.gen_ai_server_tokens: Histogram = _gen_ai_histogram(
+        self.gen_ai_server_tokens: HistogramLike = _gen_ai_histogram(
             meter,
+            pre,
             names.METRIC_GEN_AI_SERVER_TOKEN_USAGE,
             names.UNIT_TOKEN,
             "Tokens a model call used, by token type, as the reply reported them.",
         )
-        self.gen_ai_server_finishes: Counter = meter.create_counter(
+        self.gen_ai_server_finishes: CounterLike = _counter(
+            meter,
+            pre,
             names.METRIC_GEN_AI_SERVER_FINISHES,
-            unit=names.UNIT_FINISH,
-            description="Finished generations, by finish reason.",
+            names.UNIT_FINISH,
+            "Finished generations, by finish reason.",
         )
-        self.gen_ai_server_unparsable: Counter = meter.create_counter(
+        self.gen_ai_server_unparsable: CounterLike = _counter(
+            meter,
+            pre,
             names.METRIC_GEN_AI_SERVER_UNPARSABLE,
-            unit=names.UNIT_REPLY,
-            description="Successful model replies whose usage could not be read, counted once, by reason.",
+            names.UNIT_REPLY,
+            "Successful model replies whose usage could not be read, counted once, by reason.",
         )
 
 

@@ -43,6 +43,9 @@ ATTR_RETRY_REASON: Final = "gym.retry.reason"
 ATTR_POOL: Final = "gym.pool"
 ATTR_POOL_OUTCOME: Final = "gym.pool.outcome"
 ATTR_ROLLOUT_OUTCOME: Final = "gym.rollout.outcome"
+ATTR_ROLLOUT_INPUT_TOKENS: Final = "gym.rollout.input_tokens"  # spans only: the rollout's model-call totals
+ATTR_ROLLOUT_OUTPUT_TOKENS: Final = "gym.rollout.output_tokens"
+ATTR_ROLLOUT_MODEL_CALLS: Final = "gym.rollout.model_calls"
 ATTR_FAILURE_KIND: Final = "gym.failure.kind"
 ATTR_FAILURE_BOUNDARY: Final = "gym.failure.boundary"
 ATTR_FAILURE_STAGE: Final = "gym.failure.stage"
@@ -79,16 +82,18 @@ RETRY_REASONS: Final = (
     RETRY_REASON_OTHER,
 )
 
-ROLLOUT_OUTCOME_SUCCESS: Final = "success"
-ROLLOUT_OUTCOME_FAILURE: Final = "failure"
-ROLLOUT_OUTCOMES: Final = (ROLLOUT_OUTCOME_SUCCESS, ROLLOUT_OUTCOME_FAILURE)
+ROLLOUT_OUTCOME_COMPLETED: Final = "completed"
+ROLLOUT_OUTCOME_FAILED: Final = "failed"  # with the root gym.failure.kind on the span and the row
+ROLLOUT_OUTCOME_OMITTED: Final = "omitted"  # no result by decision: admission refused, budget, cancelled
+ROLLOUT_OUTCOMES: Final = (ROLLOUT_OUTCOME_COMPLETED, ROLLOUT_OUTCOME_FAILED, ROLLOUT_OUTCOME_OMITTED)
 
 ERROR_TYPE_OTHER: Final = "_OTHER"
 
 # --- span names and events -------------------------------------------------------------------------------
 SPAN_EVENT_ATTEMPT_FAILED: Final = "gym.http.attempt_failed"
 SPAN_EVENT_EXCEPTION: Final = "exception"
-SPAN_ROLLOUT: Final = "gym.rollout"
+SPAN_ROLLOUT: Final = "gym.rollout"  # agent side (server.rollouts): parent of the rollout's hops
+SPAN_HARNESS_ROLLOUT: Final = "gym.harness.rollout"  # the harness driver's root span of one rollout
 
 # --- units -----------------------------------------------------------------------------------------------
 UNIT_SECONDS: Final = "s"

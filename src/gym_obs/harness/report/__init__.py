@@ -59,10 +59,10 @@ def read_run_summary(run_dir: Path) -> dict[str, Any]:
 
 
 def rollout_from_span(span: Span) -> Rollout:
-    """A rollout seen only as its ``gym.rollout`` span (a folder without ``rollouts.jsonl``)."""
+    """A rollout seen only as its ``gym.harness.rollout`` span (a folder without ``rollouts.jsonl``)."""
     outcome = span.attributes.get(names.ATTR_ROLLOUT_OUTCOME)
     if not isinstance(outcome, str):
-        outcome = names.ROLLOUT_OUTCOME_FAILURE if span.is_error else names.ROLLOUT_OUTCOME_SUCCESS
+        outcome = names.ROLLOUT_OUTCOME_FAILED if span.is_error else names.ROLLOUT_OUTCOME_COMPLETED
     return Rollout(
         rollout_id=str(span.attributes.get(names.ATTR_ROLLOUT_ID, span.span_id)),
         trace_id=span.trace_id.lower() or None,
@@ -81,9 +81,9 @@ def _collect_rollouts(run_dir: Path, tel_dir: Path, skipped: Skipped) -> tuple[R
             stats.add(Rollout.from_row(row, validate=False))
         return stats, ROWS_FILE
     for span in iter_spans(tel_dir, skipped):
-        if span.name == names.SPAN_ROLLOUT:
+        if span.name == names.SPAN_HARNESS_ROLLOUT:
             stats.add(rollout_from_span(span))
-    return stats, f"{names.SPAN_ROLLOUT} spans (no {ROWS_FILE} in this folder)"
+    return stats, f"{names.SPAN_HARNESS_ROLLOUT} spans (no {ROWS_FILE} in this folder)"
 
 
 def build_report(run_dir: str | Path, *, grafana_url: str = DEFAULT_GRAFANA_URL) -> ReportData:

@@ -17,6 +17,7 @@ from gym_obs.harness.report.links import grafana_explore_url, trace_anchor
 from gym_obs.harness.report.model import MetricView, Rollout, RolloutStats, time_series
 from gym_obs.harness.report.reading import Skipped, Span
 from gym_obs.harness.report.waterfall import PALETTE, render_waterfall
+from gym_obs.telemetry import names
 
 __all__ = ["SECTION_IDS", "ReportData", "render_page"]
 
@@ -58,11 +59,15 @@ def _card(label: str, value: str, cls: str = "") -> str:
 def _summary(data: ReportData) -> str:
     stats = data.stats
     total = stats.total
-    failed = stats.outcomes.get("failure", 0)
+    failed = stats.outcomes.get(names.ROLLOUT_OUTCOME_FAILED, 0)
     lat = stats.latency()
     cards = [_card("rollouts", str(total))]
     for outcome, count in sorted(stats.outcomes.items(), key=lambda kv: -kv[1]):
-        cls = "bad" if outcome == "failure" else ("good" if outcome == "success" else "")
+        cls = (
+            "bad"
+            if outcome == names.ROLLOUT_OUTCOME_FAILED
+            else ("good" if outcome == names.ROLLOUT_OUTCOME_COMPLETED else "")
+        )
         cards.append(
             _card(outcome, f"{count} <small>({100 * count / total:.1f}%)</small>" if total else "0", cls)
         )

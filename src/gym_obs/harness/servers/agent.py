@@ -10,26 +10,30 @@ attempts are recorded as recovered failure events, and a failed call becomes an 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 import zlib
 from typing import Any, ClassVar
 
 import aiohttp
+import orjson
 from fastapi import FastAPI, Request
 from pydantic import Field
 
-from gym_obs import TimedSemaphore
+from gym_obs import TimedSemaphore, current_rollout, rollout_scope
 from gym_obs.client.http_client import observe_transport_failures, raise_boundary_failure
 from gym_obs.failures.kinds import Boundary, Stage
 from gym_obs.harness.fault_middleware import raise_injected_fault
 from gym_obs.harness.servers._common import HarnessServer, OwnConfig, failure_for_call
 from gym_obs.telemetry import inflight, names
+from gym_obs.telemetry.genai import SseEvents
 from gym_obs.telemetry.propagation import current_rollout_id
 
 __all__ = ["AgentServer", "AgentSettings"]
 
 RUN_ROUTE = "/run"
+_TTFT_KEY = "_ttft_s"  # where _read_stream leaves the first-token time on the reply it rebuilds
 _MODEL_ROUTE = "/v1/responses"
 _VERIFY_ROUTE = "/verify"
 
@@ -43,6 +47,8 @@ class AgentSettings(OwnConfig):
     request_timeout_s: float = Field(default=10.0, gt=0)
     max_tries: int = Field(default=4, ge=1, le=20)
     max_inflight_rollouts: int = Field(default=64, ge=1, le=100_000)
+    #: Ask for streamed (SSE) model replies and read them event by event (the harness's ``--stream``).
+    stream: bool = False
 
 
 class AgentServer(HarnessServer):
@@ -66,7 +72,10 @@ class AgentServer(HarnessServer):
             inflight.set_stage("admission")  # the live view (gym-obs top): waiting for a rollout slot
             async with admission:  # queueing before HTTP shows as gym.concurrency.wait.duration
                 inflight.set_stage("agent")
-                return await self.run_rollout(body if isinstance(body, dict) else {})
+                with rollout_scope() as tally:  # the gym.rollout span: parent of every hop below
+                    reply = await self.run_rollout(body if isinstance(body, dict) else {})
+                    reply["usage"] = tally.summary()
+                    return reply
 
         return app
 
@@ -82,29 +91,44 @@ class AgentServer(HarnessServer):
         settings = self.settings
         assert isinstance(settings, AgentSettings)
         boundary: Boundary = "model" if role == "model" else "resources_server"
+        stream = role == "model" and settings.stream
+        tally = current_rollout() if role == "model" else None
         started = time.perf_counter()
         try:
-            response = await self.server_client.post(
-                server,
-                route,
-                json=payload,
-                timeout=aiohttp.ClientTimeout(total=settings.request_timeout_s),
-                _route=route,
-                _max_num_tries=settings.max_tries,
-                _read_body=True,
-                _on_transport_failure=observe_transport_failures(boundary, stage),
-            )
-            try:
-                await raise_boundary_failure(response)
-                result = await response.json()
-            finally:
-                response.release()
+            with tally.model_call() if tally is not None else contextlib.nullcontext():
+                response = await self.server_client.post(
+                    server,
+                    route,
+                    json={**payload, "stream": True} if stream else payload,
+                    timeout=aiohttp.ClientTimeout(total=settings.request_timeout_s),
+                    _route=route,
+                    _max_num_tries=settings.max_tries,
+                    _read_body=not stream,
+                    _on_transport_failure=observe_transport_failures(boundary, stage),
+                )
+                try:
+                    await raise_boundary_failure(response)
+                    if stream:
+                        result = await _read_stream(response, started)
+                    else:
+                        result = await response.json()
+                finally:
+                    response.release()
         except Exception as err:
             raise failure_for_call(
                 err, role=role, stage=stage, what=f"{role} call to {server}{route}"
             ) from err
         hops.append((role, time.perf_counter() - started))
-        return result if isinstance(result, dict) else {}
+        if not isinstance(result, dict):
+            return {}
+        if tally is not None:
+            usage = result.get("usage")
+            if isinstance(usage, dict):
+                tally.add_usage(usage.get("input_tokens"), usage.get("output_tokens"))
+            ttft = result.get(_TTFT_KEY)
+            if isinstance(ttft, float):
+                tally.add_ttft(ttft)
+        return result
 
     async def _generate(self, turn: int, history: list[str], hops: list[Any]) -> str:
         payload = {"input": history[-4:], "metadata": {"turn": turn}}
@@ -150,3 +174,28 @@ class AgentServer(HarnessServer):
             "model_calls": model_calls,
             "hops": hops,
         }
+
+
+async def _read_stream(response: aiohttp.ClientResponse, started: float) -> dict[str, Any]:
+    """A streamed Responses reply read event by event: the final response object (with its usage), plus
+    the time from the request to its first text delta."""
+    events = SseEvents()
+    final: dict[str, Any] = {}
+    ttft: float | None = None
+    async for chunk in response.content.iter_any():
+        for data in events.feed(chunk):
+            try:
+                event = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                continue
+            if not isinstance(event, dict):
+                continue
+            kind = event.get("type")
+            if ttft is None and isinstance(kind, str) and kind.endswith(".delta"):
+                ttft = time.perf_counter() - started
+            elif kind in ("response.completed", "response.incomplete"):
+                done = event.get("response")
+                final = done if isinstance(done, dict) else {}
+    if ttft is not None:
+        final[_TTFT_KEY] = ttft
+    return final
