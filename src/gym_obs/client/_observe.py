@@ -155,7 +155,9 @@ class RequestObserver:
         self.instruments: Instruments | None = STATE.instruments
         self.attempts = 0  # attempts started so far (the attempt loop keeps it current)
         tracer = STATE.tracer
-        self.tracer: Tracer | None = tracer if tracer is not None and STATE.traces_enabled else None
+        # No CLIENT span when tracing is off or the http_client span group is: the metrics still flow.
+        traced = tracer is not None and STATE.traces_enabled and STATE.groups.http_client
+        self.tracer: Tracer | None = tracer if traced else None
         self.span: Span = INVALID_SPAN
         self.token: object = None
         self.name = ""

@@ -90,11 +90,11 @@ _ERROR_STATUS: Final = 500
 def add_server_span(app: ASGIApp, instrumentation: str) -> ASGIApp:
     """``app`` with its SERVER-span layer: the native one (``native``) or contrib's (``contrib``).
 
-    Nothing is added while telemetry is off (off means off) or the ``server`` span group is.
+    Nothing is added while telemetry is off (off means off). With the ``server`` span group off, the native
+    layer records only ``http.server.request.duration`` (whichever instrumentation was chosen): the metric
+    keeps flowing, no span is created.
     """
-    if not STATE.groups.server:
-        return app
-    if instrumentation == names.SERVER_INSTRUMENTATION_CONTRIB:
+    if instrumentation == names.SERVER_INSTRUMENTATION_CONTRIB and STATE.groups.server:
         if not isinstance(app, FastAPI):
             raise TypeError(f"contrib's SERVER span goes inside a FastAPI app, not around {app!r}")
         instrument_app_for_telemetry(app)
@@ -202,8 +202,8 @@ class _Exchange:
         if scope["type"] == "http":
             raw_method: str = scope["method"]
             self._method = _method(raw_method)
-        if not STATE.traces_enabled or tracer is None:
-            return
+        if not STATE.traces_enabled or tracer is None or not STATE.groups.server:
+            return  # metrics only
         host: bytes | None = None
         agent: bytes | None = None
         carrier: dict[str, str] | None = None

@@ -168,7 +168,7 @@ def _span(rollout_id: str | None) -> Iterator[Span | None]:
     attributes = {names.ATTR_ROLLOUT_ID: rollout_id} if rollout_id is not None else {}
     parent: Context | None = None
     links: list[Link] = []
-    if STATE.groups.rollout_is_root:  # the per_rollout preset: each rollout its own trace, linked to the caller
+    if STATE.groups.rollout_is_root:  # per_rollout preset: each rollout its own trace, linked to the caller
         caller = trace.get_current_span().get_span_context()
         parent = Context()
         links = [Link(caller)] if caller.is_valid else []

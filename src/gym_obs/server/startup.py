@@ -54,7 +54,8 @@ _W3C: Final = TraceContextTextMapPropagator()
 
 def _tracer() -> trace.Tracer | None:
     tracer = STATE.tracer
-    return tracer if STATE.enabled and STATE.traces_enabled and tracer is not None else None
+    on = STATE.enabled and STATE.traces_enabled and STATE.groups.startup  # the startup span group
+    return tracer if on and tracer is not None else None
 
 
 def _fail(span: Span, error_type: str, reason: str) -> None:
