@@ -254,7 +254,14 @@ async def _call(
 
 
 def _server_span(capture: Capture, route: str) -> ReadableSpan:
-    spans = [s for s in capture.spans() if s.kind is SpanKind.SERVER and s.name == f"POST {route}"]
+    """The one SERVER span of the call: it ends when the app returns, which can be just after the client
+    has read the last byte (the server runs on its own thread), so it is waited for, briefly."""
+    deadline = time.monotonic() + 5.0
+    while True:
+        spans = [s for s in capture.spans() if s.kind is SpanKind.SERVER and s.name == f"POST {route}"]
+        if spans or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
     assert len(spans) == 1, [s.name for s in capture.spans()]
     return spans[0]
 

@@ -139,7 +139,7 @@ async def test_a_failed_rollout_row_keeps_the_failures_the_agent_recovered_from(
     finally:
         await close_global_aiohttp_client()
     row = result.row()
-    assert row["outcome"] == names.ROLLOUT_OUTCOME_FAILURE
+    assert row["outcome"] == names.ROLLOUT_OUTCOME_FAILED
     assert row["root_cause"]["kind"] == "verifier_error"
     assert row["root_cause"]["foreign_cause"] == "ZeroDivisionError"
     report = read_report_from_row(row)
