@@ -112,7 +112,7 @@ async def _on_queued_start(
     if ctx.queued_at is None:
         ctx.queued_at = _perf_counter()
         if not ctx.waited:  # the first wait names the limit
-            ctx.constraint = _blocking_limit(session.connector)
+            ctx.constraint = _blocking_limit(getattr(session, "connector", None))
         inst.pool_pending_requests.add(1, _PENDING_ATTRS.get(ctx.server_name, ctx.pool))
 
 
