@@ -4,6 +4,10 @@ Run: ``python3 benchmarks/telemetry_core.py [--runs N]``. Each case is timed in 
 loops enough calls to take a measurable time) and the median per-call cost is printed, next to an empty
 function call measured in the same process as the baseline. Exit status 1 if the disabled instrumented site
 costs 1 µs or more per call (the issue's budget).
+
+A second table prices the span groups (issue 16 §1) at their call sites: the same site with telemetry off,
+on with every span group off (``none``: no span is created, metrics still flow), and on with the groups on
+(``all``), as ratios against the telemetry-off run of the same site in the same process.
 """
 
 from __future__ import annotations
@@ -15,9 +19,13 @@ import timeit
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gym_obs.client._observe import RequestObserver
+from gym_obs.client._options import RequestOptions
+from gym_obs.server.rollouts import rollout_scope
 from gym_obs.telemetry import names
 from gym_obs.telemetry._state import STATE
 from gym_obs.telemetry.bodies import bounded_excerpt
+from gym_obs.telemetry.groups import parse_span_groups
 from gym_obs.telemetry.redaction import redact_url, scrub_text
 from gym_obs.telemetry.spans import client_span
 from gym_obs.telemetry.testing import capture_telemetry
@@ -67,6 +75,64 @@ def _client_span_unguarded() -> None:
         pass
 
 
+OBSERVED_URL = "http://127.0.0.1:9/v1/responses"
+OBSERVED_OPTIONS = RequestOptions(internal=True, server_name="model", route="/v1/responses")
+
+
+def _group_flag_site() -> None:
+    """A span group's guard as call sites write it (``model_call`` here)."""
+    if STATE.enabled and STATE.groups.model_call:
+        with client_span("POST", **{names.ATTR_URL_FULL: URL}):
+            pass
+
+
+def _observer_site() -> None:
+    """``request()``'s telemetry around one request answered 200 (no I/O): the ``http_client`` group."""
+    if STATE.enabled:
+        RequestObserver("POST", OBSERVED_URL, OBSERVED_OPTIONS).end_ok(200)
+
+
+def _rollout_site() -> None:
+    """``rollout_scope()`` around an empty rollout: the ``rollout`` group (its metrics always flow)."""
+    with rollout_scope("rollout-1"):
+        pass
+
+
+GROUP_SITES: list[tuple[str, Callable[[], object]]] = [
+    ("span-group flag check (`STATE.groups.model_call`)", _group_flag_site),
+    ("RequestObserver + end_ok (http_client group)", _observer_site),
+    ("rollout_scope() (rollout group)", _rollout_site),
+]
+
+
+@dataclass(frozen=True)
+class GroupResult:
+    site: str
+    off_s: float
+    none_s: float
+    all_s: float
+    spans_with_none: int
+
+
+def measure_groups(runs: int) -> list[GroupResult]:
+    """Each site with telemetry off, on with groups ``none`` and on with ``all``; spans are counted with
+    ``none`` to show the disabled group created none."""
+    assert not STATE.enabled, "run the benchmark with telemetry off"
+    results = []
+    for site, fn in GROUP_SITES:
+        off = statistics.median(_per_call(fn, runs))
+        with capture_telemetry() as capture:
+            STATE.groups = parse_span_groups("none")
+            none = statistics.median(_per_call(fn, runs))
+            spans_with_none = len(capture.spans())
+            STATE.groups = parse_span_groups("all")
+            capture.clear()
+            on = statistics.median(_per_call(fn, runs))
+            capture.clear()
+        results.append(GroupResult(site, off, none, on, spans_with_none))
+    return results
+
+
 def measure(runs: int) -> list[Result]:
     assert not STATE.enabled, "run the benchmark with telemetry off"
     cases: list[tuple[str, Callable[[], object]]] = [
@@ -106,6 +172,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"|{'-' * 64}|{'-' * 11}:|{'-' * 11}:|")
     for result in results:
         print(f"| {result.name:<62} | {_fmt(result.median_s):>10} | {result.median_s / baseline:>10.1f} |")
+    print()
+    print("Span groups at their call sites (x = ratio to the same site with telemetry off, same run)")
+    columns = f"{'off':>9} | {'groups none':>11} | {'x off':>6} | {'groups all':>10} | {'x off':>6}"
+    print(f"| {'site':<50} | {columns} |")
+    print(f"|{'-' * 52}|{'-' * 10}:|{'-' * 12}:|{'-' * 7}:|{'-' * 11}:|{'-' * 7}:|")
+    for g in measure_groups(args.runs):
+        print(
+            f"| {g.site:<50} | {_fmt(g.off_s):>9} | {_fmt(g.none_s):>11} | {g.none_s / g.off_s:>6.1f} "
+            f"| {_fmt(g.all_s):>10} | {g.all_s / g.off_s:>6.1f} |"
+        )
+        assert g.spans_with_none == 0, f"{g.site}: {g.spans_with_none} spans created with groups none"
     disabled = results[1].median_s
     verdict = "OK" if disabled < DISABLED_SITE_BUDGET_S else "OVER BUDGET"
     print(f"disabled instrumented site: {_fmt(disabled)} per call (budget 1 µs): {verdict}")

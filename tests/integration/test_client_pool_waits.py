@@ -190,9 +190,11 @@ _METRIC_KEYS = {
     },
     names.METRIC_CLIENT_RETRIES: {frozenset({names.ATTR_SERVER_NAME, names.ATTR_RETRY_REASON})},
     names.METRIC_POOL_WAIT_DURATION: {
-        frozenset({names.ATTR_SERVER_NAME, names.ATTR_POOL, names.ATTR_POOL_OUTCOME})},
+        frozenset({names.ATTR_SERVER_NAME, names.ATTR_POOL, names.ATTR_POOL_OUTCOME,
+                   names.ATTR_POOL_CONSTRAINT})},
     names.METRIC_POOL_PENDING_REQUESTS: {frozenset({names.ATTR_SERVER_NAME, names.ATTR_POOL})},
     names.METRIC_POOL_CONNECTIONS: {frozenset({names.ATTR_POOL, names.ATTR_HTTP_CONNECTION_STATE})},
+    names.METRIC_POOL_CONNECTS: {frozenset({names.ATTR_SERVER_NAME, names.ATTR_POOL})},
 }
 
 

@@ -46,6 +46,7 @@ async def test_repeated_waits_of_one_request_are_summed_into_one_point(telemetry
         names.ATTR_SERVER_NAME: "model",
         names.ATTR_POOL: "control",
         names.ATTR_POOL_OUTCOME: "ok",
+        names.ATTR_POOL_CONSTRAINT: "per_host",  # no session to read limits from: the default
     }
     assert sum(p.value or 0 for p in _points(telemetry, names.METRIC_POOL_PENDING_REQUESTS)) == 0
 

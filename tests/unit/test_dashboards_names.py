@@ -117,6 +117,8 @@ def test_instruments_export_the_names_the_dashboards_query() -> None:
         "pool_wait_duration",
         "pool_pending_requests",
         "pool_connections",
+        "pool_connects",
+        "client_timeouts",
         "failure_events",
         "rollout_duration",
         "rollouts",

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import itertools
+from collections.abc import Callable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Final
 
@@ -55,6 +56,8 @@ class FairTCPConnector(aiohttp.TCPConnector):
         self._promised: dict[ConnectionKey, int] = {}
         self.promised_total = 0
         self._gated = bool(self.limit or self.limit_per_host)
+        self.on_connection_created: Callable[[], None] | None = None
+        """Called once per connection this connector opens (the pool's connects counter)."""
 
     def _slot_free(self, key: ConnectionKey) -> bool:
         """A connection may be taken for ``key`` now (slots promised to woken waiters count as taken)."""
@@ -146,6 +149,15 @@ class FairTCPConnector(aiohttp.TCPConnector):
             return await super().connect(req, traces, timeout)
         finally:
             self._serve_queue()  # the promise is now an acquisition (or nothing): hand on what is left
+
+    async def _create_connection(
+        self, req: ClientRequest, traces: list[Trace], timeout: aiohttp.ClientTimeout  # noqa: ASYNC109
+    ) -> Any:
+        proto = await super()._create_connection(req, traces, timeout)
+        hook = self.on_connection_created
+        if hook is not None:
+            hook()
+        return proto
 
     def _release_acquired(self, key: ConnectionKey, proto: Any) -> None:
         super()._release_acquired(key, proto)

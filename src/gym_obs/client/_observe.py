@@ -64,6 +64,9 @@ _FINAL_ATTRS: Final = AttributeCache(
     *_SPAN_KEYS, names.ATTR_HTTP_RESPONSE_STATUS_CODE, names.ATTR_ERROR_TYPE, max_entries=_MAX_CACHED
 )
 _RETRY_ATTRS: Final = AttributeCache(names.ATTR_SERVER_NAME, names.ATTR_RETRY_REASON, max_entries=_MAX_CACHED)
+_TIMEOUT_ATTRS: Final = AttributeCache(
+    names.ATTR_DESTINATION, names.ATTR_SERVER_NAME, max_entries=_MAX_CACHED
+)
 
 
 def _origin(url: str) -> str:
@@ -140,8 +143,8 @@ class RequestObserver:
     """
 
     __slots__ = (
-        "attempts", "dest", "instruments", "label", "method", "name", "rollout_id", "server", "span",
-        "start_ns", "text", "token", "tracer",
+        "attempts", "dest", "destination", "instruments", "label", "method", "name", "rollout_id", "server",
+        "span", "start_ns", "text", "token", "tracer",
     )
 
     def __init__(self, method: str, url: Any, options: RequestOptions) -> None:
@@ -152,6 +155,7 @@ class RequestObserver:
         upper = method if method in KNOWN_METHODS else method.upper()
         self.label = upper if upper in KNOWN_METHODS else _OTHER_METHOD  # canonical
         self.server = options.server_name or names.EXTERNAL_SERVER_NAME
+        self.destination = names.DESTINATION_INTERNAL if options.internal else names.DESTINATION_EXTERNAL
         self.instruments: Instruments | None = STATE.instruments
         self.attempts = 0  # attempts started so far (the attempt loop keeps it current)
         tracer = STATE.tracer
@@ -215,6 +219,8 @@ class RequestObserver:
                 _perf_counter() - t0,
                 _POINT_ATTRS.get(self.label, dest.address, self.server, dest.port, None, error_type),
             )
+            if isinstance(err, TimeoutError):  # aiohttp's connect/read timeouts (asyncio.TimeoutError)
+                inst.client_timeouts.add(1, _TIMEOUT_ATTRS.get(self.destination, self.server))
         if self.tracer is None:
             return
         span = self.open()

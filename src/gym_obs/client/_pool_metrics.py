@@ -3,9 +3,15 @@
 State is per request: aiohttp builds one trace-config context per request through the context factory,
 and that object (``_PoolTraceState``) holds the wait clock, so nothing is shared between concurrent
 requests and nothing is kept per session. A request that queues more than once (a redirect, a re-connect)
-records the sum of its waits once. A wait that never got a connection (timeout, cancellation) is recorded
-with outcome ``abandoned``, and the pending-requests counter is decremented on every path: aiohttp sends
-``on_request_exception`` to every trace that saw ``on_request_start``, cancellation included.
+records the sum of its waits once, attributed (``gym.pool.constraint``) to the limit that blocked its first
+wait: ``total`` when the pool's total limit was reached, else ``per_host``. A wait that never got a
+connection (timeout, cancellation) is recorded with outcome ``abandoned``, and the pending-requests
+counter is decremented on every path: aiohttp sends ``on_request_exception`` to every trace that saw
+``on_request_start``, cancellation included.
+
+Opened connections (``gym.client.pool.connects``) are counted by the connector's own hook, not by a trace
+signal: ``request()`` uses the traced session only when a request could queue, but every request may
+open a connection. The attempt loop names the destination in :data:`CONNECT_LABEL`.
 
 Telemetry off: the sessions ``request()`` uses then carry no trace config at all, and for sessions used
 directly each callback is a single ``None`` check.
@@ -19,12 +25,14 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
+from contextvars import ContextVar
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, ClassVar, Final
 
 import aiohttp
 
-from gym_obs.client._fair_connector import connection_counts
+from gym_obs.client._fair_connector import connection_counts, connections_in_use
 from gym_obs.telemetry import names
 from gym_obs.telemetry._state import STATE
 from gym_obs.telemetry.logging import get_logger
@@ -34,17 +42,29 @@ from gym_obs.telemetry.redaction import redact_url, scrub_headers, scrub_text
 if TYPE_CHECKING:
     from gym_obs.telemetry.metrics import Instruments
 
-__all__ = ["ConnectionsGauge", "pool_trace_config", "request_debug_trace_config", "run_gauge_sync"]
+__all__ = [
+    "CONNECT_LABEL",
+    "ConnectionsGauge",
+    "connects_counter",
+    "pool_trace_config",
+    "request_debug_trace_config",
+    "run_gauge_sync",
+]
 
 _perf_counter = time.perf_counter
 _debug_log = get_logger("gym_obs.client.debug")
 _MAX_CACHED_LABELS: Final = 1024
 
+# Pending requests and opened connections: by destination and pool.
 _PENDING_ATTRS: Final = AttributeCache(
     names.ATTR_SERVER_NAME, names.ATTR_POOL, max_entries=_MAX_CACHED_LABELS
 )
 _WAIT_ATTRS: Final = AttributeCache(
-    names.ATTR_SERVER_NAME, names.ATTR_POOL, names.ATTR_POOL_OUTCOME, max_entries=_MAX_CACHED_LABELS
+    names.ATTR_SERVER_NAME,
+    names.ATTR_POOL,
+    names.ATTR_POOL_OUTCOME,
+    names.ATTR_POOL_CONSTRAINT,
+    max_entries=_MAX_CACHED_LABELS,
 )
 
 
@@ -57,6 +77,7 @@ class _PoolTraceState(SimpleNamespace):
     pool: ClassVar[str] = names.POOL_DATA
     # Class-level defaults: a request that never queues writes none of them.
     queued_at: float | None = None
+    constraint: str = names.POOL_CONSTRAINT_PER_HOST
     wait_s: float = 0.0
     waited: bool = False
     abandoned: bool = False
@@ -90,6 +111,8 @@ async def _on_queued_start(
     assert isinstance(ctx, _PoolTraceState)
     if ctx.queued_at is None:
         ctx.queued_at = _perf_counter()
+        if not ctx.waited:  # the first wait names the limit
+            ctx.constraint = _blocking_limit(getattr(session, "connector", None))
         inst.pool_pending_requests.add(1, _PENDING_ATTRS.get(ctx.server_name, ctx.pool))
 
 
@@ -101,6 +124,17 @@ async def _on_queued_end(
         return
     assert isinstance(ctx, _PoolTraceState)
     _end_wait(ctx, inst)
+
+
+def _blocking_limit(connector: aiohttp.BaseConnector | None) -> str:
+    """Which limit a request that just queued is waiting behind: ``total`` if the connector's total
+    ``limit`` is used up (slots promised to woken waiters included, as the fair gate counts them), else
+    ``per_host`` (the only other reason aiohttp queues a request)."""
+    if connector is not None:
+        limit = connector.limit
+        if limit and connections_in_use(connector) >= limit:
+            return names.POOL_CONSTRAINT_TOTAL
+    return names.POOL_CONSTRAINT_PER_HOST
 
 
 def _end_wait(ctx: _PoolTraceState, inst: Instruments) -> bool:
@@ -127,7 +161,9 @@ def _finish(ctx: SimpleNamespace) -> None:
         ctx.abandoned = True
     if ctx.waited:
         outcome = names.POOL_OUTCOME_ABANDONED if ctx.abandoned else names.POOL_OUTCOME_OK
-        inst.pool_wait_duration.record(ctx.wait_s, _WAIT_ATTRS.get(ctx.server_name, ctx.pool, outcome))
+        inst.pool_wait_duration.record(
+            ctx.wait_s, _WAIT_ATTRS.get(ctx.server_name, ctx.pool, outcome, ctx.constraint)
+        )
 
 
 async def _on_request_end(
@@ -155,6 +191,26 @@ def pool_trace_config(pool: str = names.POOL_DATA) -> aiohttp.TraceConfig:
     config.on_request_end.append(_on_request_end)
     config.on_request_exception.append(_on_request_exception)
     return config
+
+
+# --- connections opened ---------------------------------------------------------------------------------
+
+CONNECT_LABEL: Final[ContextVar[str | None]] = ContextVar("gym_obs_connect_label", default=None)
+"""The ``gym.server.name`` label of the request being sent (set by the attempt loop while telemetry is on);
+a connection opened outside ``request()`` is labelled ``external``."""
+
+
+def connects_counter(pool: str) -> Callable[[], None]:
+    """The connector hook for ``pool``: count one opened connection, labelled with the current request's
+    destination (a flag check while telemetry is off)."""
+
+    def count() -> None:
+        inst = STATE.instruments if STATE.enabled else None
+        if inst is not None:
+            label = CONNECT_LABEL.get() or names.EXTERNAL_SERVER_NAME
+            inst.pool_connects.add(1, _PENDING_ATTRS.get(label, pool))
+
+    return count
 
 
 # --- global_aiohttp_client_request_debug --------------------------------------------------------------

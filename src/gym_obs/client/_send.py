@@ -16,6 +16,7 @@ import aiohttp
 
 from gym_obs.client._fair_connector import ARRIVAL, next_arrival
 from gym_obs.client._options import RequestOptions, TransportFailure, TransportFailureHook
+from gym_obs.client._pool_metrics import CONNECT_LABEL
 from gym_obs.client._redirects import REDIRECT_STATUSES, follow_redirects
 from gym_obs.client._retry import (
     Classification,
@@ -27,7 +28,7 @@ from gym_obs.client._retry import (
 )
 from gym_obs.client._sessions import Pool, current_config
 from gym_obs.client.errors import is_response_head_error, response_head_error
-from gym_obs.telemetry import inflight
+from gym_obs.telemetry import inflight, names
 from gym_obs.telemetry.logging import get_logger
 from gym_obs.telemetry.redaction import redact_url, scrub_text
 
@@ -158,10 +159,14 @@ async def send(
     order, retries included.
     """
     token = ARRIVAL.set(next_arrival())
+    # While telemetry is on, the connections this request opens are counted under its destination.
+    label = None if observer is None else CONNECT_LABEL.set(options.server_name or names.EXTERNAL_SERVER_NAME)
     try:
         return await _attempts(pool, method, url, kwargs, options, observer)
     finally:
         ARRIVAL.reset(token)
+        if label is not None:
+            CONNECT_LABEL.reset(label)
         inflight.hop_done()  # the in-flight rollout table: this rollout's hop ended
 
 

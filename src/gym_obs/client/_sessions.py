@@ -28,9 +28,10 @@ from typing import Final, TypeVar
 
 import aiohttp
 
-from gym_obs.client._fair_connector import connections_in_use
+from gym_obs.client._fair_connector import FairTCPConnector, connections_in_use
 from gym_obs.client._pool_metrics import (
     ConnectionsGauge,
+    connects_counter,
     pool_trace_config,
     request_debug_trace_config,
     run_gauge_sync,
@@ -201,6 +202,8 @@ def _make_pool(name: PoolName) -> Pool:
     cfg = current_config()
     _log_capacity_once()
     connector = make_connector(cfg, name, workers=_workers)
+    if isinstance(connector, FairTCPConnector):
+        connector.on_connection_created = connects_counter(name)
     timeout = (
         aiohttp.ClientTimeout(total=cfg.global_aiohttp_control_timeout_seconds)
         if name == names.POOL_CONTROL

@@ -19,6 +19,7 @@ from gym_obs.dashboards.files import (
 from gym_obs.dashboards.metrics import (
     CLIENT_REQUEST_DURATION,
     CLIENT_RETRIES,
+    CLIENT_TIMEOUTS,
     CONCURRENCY_ACTIVE,
     CONCURRENCY_CANCELLED_WAITS,
     CONCURRENCY_LIMIT,
@@ -34,6 +35,7 @@ from gym_obs.dashboards.metrics import (
     GPU_UTILIZATION,
     GYM_METRICS,
     POOL_CONNECTIONS,
+    POOL_CONNECTS,
     POOL_PENDING_REQUESTS,
     POOL_WAIT_DURATION,
     PROCESS_CPU_UTILIZATION,
@@ -65,6 +67,7 @@ from gym_obs.dashboards.naming import (
 __all__ = [
     "CLIENT_REQUEST_DURATION",
     "CLIENT_RETRIES",
+    "CLIENT_TIMEOUTS",
     "CONCURRENCY_ACTIVE",
     "CONCURRENCY_CANCELLED_WAITS",
     "CONCURRENCY_LIMIT",
@@ -82,6 +85,7 @@ __all__ = [
     "GYM_METRICS",
     "JOB_LABEL",
     "POOL_CONNECTIONS",
+    "POOL_CONNECTS",
     "POOL_PENDING_REQUESTS",
     "POOL_WAIT_DURATION",
     "PROCESS_CPU_UTILIZATION",

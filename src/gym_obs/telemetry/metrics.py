@@ -60,6 +60,7 @@ class Instruments:
     __slots__ = (
         "client_request_duration",
         "client_retries",
+        "client_timeouts",
         "failure_events",
         "gen_ai_server_duration",
         "gen_ai_server_finishes",
@@ -68,6 +69,7 @@ class Instruments:
         "gen_ai_server_unparsable",
         "meter",
         "pool_connections",
+        "pool_connects",
         "pool_pending_requests",
         "pool_wait_duration",
         "rollout_duration",
@@ -98,6 +100,16 @@ class Instruments:
             names.METRIC_POOL_CONNECTIONS,
             unit=names.UNIT_CONNECTION,
             description="Pooled connections, by state (active or idle).",
+        )
+        self.pool_connects: Counter = meter.create_counter(
+            names.METRIC_POOL_CONNECTS,
+            unit=names.UNIT_CONNECTION,
+            description="Connections opened, by destination and pool.",
+        )
+        self.client_timeouts: Counter = meter.create_counter(
+            names.METRIC_CLIENT_TIMEOUTS,
+            unit=names.UNIT_TIMEOUT,
+            description="Request attempts that timed out, by destination (internal gym server or external).",
         )
         self.failure_events: Counter = meter.create_counter(
             names.METRIC_FAILURE_EVENTS,

@@ -42,6 +42,8 @@ ATTR_SESSION_ID: Final = "gym.session.id"
 ATTR_RETRY_REASON: Final = "gym.retry.reason"
 ATTR_POOL: Final = "gym.pool"
 ATTR_POOL_OUTCOME: Final = "gym.pool.outcome"
+ATTR_POOL_CONSTRAINT: Final = "gym.pool.constraint"  # which limit a pool wait queued behind
+ATTR_DESTINATION: Final = "gym.destination"  # internal (a gym server) | external
 ATTR_ROLLOUT_OUTCOME: Final = "gym.rollout.outcome"
 ATTR_ROLLOUT_INPUT_TOKENS: Final = "gym.rollout.input_tokens"  # spans only: the rollout's model-call totals
 ATTR_ROLLOUT_OUTPUT_TOKENS: Final = "gym.rollout.output_tokens"
@@ -65,6 +67,14 @@ POOLS: Final = (POOL_DATA, POOL_CONTROL)
 
 POOL_OUTCOME_OK: Final = "ok"
 POOL_OUTCOME_ABANDONED: Final = "abandoned"
+
+POOL_CONSTRAINT_TOTAL: Final = "total"  # the pool's total limit was reached
+POOL_CONSTRAINT_PER_HOST: Final = "per_host"  # only the destination's per-host limit was
+POOL_CONSTRAINTS: Final = (POOL_CONSTRAINT_TOTAL, POOL_CONSTRAINT_PER_HOST)
+
+DESTINATION_INTERNAL: Final = "internal"
+DESTINATION_EXTERNAL: Final = "external"
+DESTINATIONS: Final = (DESTINATION_INTERNAL, DESTINATION_EXTERNAL)
 
 CONNECTION_STATE_ACTIVE: Final = "active"
 CONNECTION_STATE_IDLE: Final = "idle"
@@ -100,6 +110,7 @@ UNIT_SECONDS: Final = "s"
 UNIT_RETRY: Final = "{retry}"
 UNIT_REQUEST: Final = "{request}"
 UNIT_CONNECTION: Final = "{connection}"
+UNIT_TIMEOUT: Final = "{timeout}"
 UNIT_EVENT: Final = "{event}"
 UNIT_ROLLOUT: Final = "{rollout}"
 
@@ -110,6 +121,8 @@ METRIC_CLIENT_RETRIES: Final = "gym.client.retries"
 METRIC_POOL_WAIT_DURATION: Final = "gym.client.pool.wait.duration"
 METRIC_POOL_PENDING_REQUESTS: Final = "gym.client.pool.pending_requests"
 METRIC_POOL_CONNECTIONS: Final = "gym.client.pool.connections"
+METRIC_POOL_CONNECTS: Final = "gym.client.pool.connects"
+METRIC_CLIENT_TIMEOUTS: Final = "gym.client.timeouts"
 METRIC_FAILURE_EVENTS: Final = "gym.failure.events"
 METRIC_ROLLOUT_DURATION: Final = "gym.rollout.duration"
 METRIC_ROLLOUTS: Final = "gym.rollouts"
