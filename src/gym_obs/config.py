@@ -17,6 +17,8 @@ from typing import Any, ClassVar, Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from gym_obs.telemetry.groups import UnknownSpanGroup, parse_span_groups
+from gym_obs.telemetry.names import ENV_SPAN_GROUPS
 from gym_obs.telemetry.redaction import REDACTED, is_secret_key
 from gym_obs.telemetry.settings import TelemetryConfig
 
@@ -268,9 +270,22 @@ def parse_global_config(data: object, *, source: str = "<config>") -> GlobalConf
     if not isinstance(data, dict):
         raise ConfigError(f"invalid global config ({source}): the top level must be a mapping")
     try:
-        return GlobalConfig.model_validate(data)
+        config = GlobalConfig.model_validate(data)
     except ValidationError as error:
         raise ConfigError(_format_validation_error(error, source)) from None
+    _check_span_groups_environment(config, source)
+    return config
+
+
+def _check_span_groups_environment(config: GlobalConfig, source: str) -> None:
+    """``GYM_OBS_SPAN_GROUPS`` (used when the config names no ``span_groups``) fails config loading too."""
+    raw = os.environ.get(ENV_SPAN_GROUPS, "")
+    if config.telemetry.span_groups is not None or not raw.strip():
+        return
+    try:
+        parse_span_groups(raw)
+    except UnknownSpanGroup as error:
+        raise ConfigError(f"invalid global config ({source}): {ENV_SPAN_GROUPS}: {error}") from None
 
 
 def _unique_key_loader() -> type[Any]:

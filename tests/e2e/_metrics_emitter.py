@@ -13,6 +13,8 @@ import itertools
 import random
 import signal
 import threading
+from collections.abc import Callable
+from typing import Any
 
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.metrics import Histogram
@@ -20,6 +22,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import start_http_server
 
+from gym_obs.dashboards import GYM_METRICS
 from gym_obs.telemetry import names as n
 
 # Illustrative label values (a small fixed set, like the real vocabularies).
@@ -58,6 +61,18 @@ def main() -> None:
     for pool in n.POOLS:
         for state, count in ((n.CONNECTION_STATE_ACTIVE, 3), (n.CONNECTION_STATE_IDLE, 5)):
             connections.add(count, {n.ATTR_POOL: pool, n.ATTR_HTTP_CONNECTION_STATE: state})
+    # Every other instrument of the registry (model calls, process and process-tree gauges, startup...),
+    # recorded as its kind with the unit and buckets a gym process uses, so every panel has data.
+    handwritten = {
+        n.METRIC_HTTP_CLIENT_REQUEST_DURATION, n.METRIC_HTTP_SERVER_REQUEST_DURATION,
+        n.METRIC_POOL_WAIT_DURATION, n.METRIC_ROLLOUT_DURATION, n.METRIC_CLIENT_RETRIES,
+        n.METRIC_FAILURE_EVENTS, n.METRIC_ROLLOUTS, n.METRIC_POOL_PENDING_REQUESTS, n.METRIC_POOL_CONNECTIONS,
+    }  # fmt: skip
+    recorders = [
+        _recorder(meter, spec.name, spec.unit, spec.kind, buckets.get(spec.name))
+        for spec in GYM_METRICS
+        if spec.name not in handwritten
+    ]
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -105,11 +120,40 @@ def main() -> None:
         outcome = n.ROLLOUT_OUTCOME_FAILED if tick % 4 == 0 else n.ROLLOUT_OUTCOME_COMPLETED
         rollouts.add(1, {n.ATTR_ROLLOUT_OUTCOME: outcome})
         rollout_duration.record(rng.uniform(0.05, 20.0), {n.ATTR_ROLLOUT_OUTCOME: outcome})
+        for record in recorders:
+            record(rng)
         kind, boundary, stage = _FAILURES[tick % len(_FAILURES)]
         failures.add(
             1, {n.ATTR_FAILURE_KIND: kind, n.ATTR_FAILURE_BOUNDARY: boundary, n.ATTR_FAILURE_STAGE: stage}
         )
     provider.shutdown()
+
+
+# Label values the generic panels filter or group on: one fixed, realistic set for every instrument.
+_GENERIC_ATTRIBUTES = (
+    {n.ATTR_MEMORY_TYPE: n.MEMORY_TYPE_RSS},
+    {n.ATTR_MEMORY_TYPE: "pss"},
+)
+
+
+def _recorder(meter: Any, name: str, unit: str, kind: str, bounds: Any) -> Callable[[random.Random], None]:
+    """A function recording one plausible value of instrument ``name`` per call."""
+    if kind == "histogram":
+        advisory = {"explicit_bucket_boundaries_advisory": list(bounds)} if bounds else {}
+        instrument = meter.create_histogram(name, unit=unit, **advisory)
+        write = instrument.record
+    elif kind == "counter":
+        write = meter.create_counter(name, unit=unit).add
+    elif kind == "gauge":
+        write = meter.create_gauge(name, unit=unit).set
+    else:
+        write = meter.create_up_down_counter(name, unit=unit).add
+
+    def record(rng: random.Random) -> None:
+        for attributes in _GENERIC_ATTRIBUTES:
+            write(rng.uniform(0.01, 0.9) if kind in ("histogram", "gauge") else 1, attributes)
+
+    return record
 
 
 if __name__ == "__main__":

@@ -89,3 +89,16 @@ def test_an_unknown_name_in_the_environment_is_reported_with_the_list_and_the_de
     assert settings.span_groups == DEFAULT_GROUPS
     (problem,) = [p for p in settings.problems if "GYM_OBS_SPAN_GROUPS" in p]
     assert "'sever'" in problem and all(name in problem for name in GROUPS)
+
+
+def test_an_unknown_name_in_the_environment_fails_config_loading(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gym_obs.config import ConfigError, parse_global_config
+
+    monkeypatch.setenv("GYM_OBS_SPAN_GROUPS", "default,bogus")
+    with pytest.raises(ConfigError) as caught:
+        parse_global_config({"servers": {}})
+    assert "GYM_OBS_SPAN_GROUPS" in str(caught.value) and "'bogus'" in str(caught.value)
+    assert all(name in str(caught.value) for name in GROUPS)
+    # the config's own choice wins: the environment is not consulted then
+    chosen = parse_global_config({"telemetry": {"span_groups": "all"}, "servers": {}})
+    assert chosen.telemetry.span_groups == "all"

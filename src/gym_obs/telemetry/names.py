@@ -327,7 +327,10 @@ METRIC_EVENT_LOOP_LAG: Final = "gym.process.event_loop.lag"
 METRIC_GPU_UTILIZATION: Final = "hw.gpu.utilization"
 METRIC_GPU_MEMORY_USAGE: Final = "hw.gpu.memory.usage"
 UNIT_BYTES: Final = "By"
-UNIT_RATIO: Final = "1"
+# A dimensionless ratio (0..1). Not semconv's "1": the collector's Prometheus exporter appends "_ratio" to
+# a gauge with unit "1" while the SDK's Prometheus exporter does not, so one dashboard query could not see
+# both paths. An annotation unit gives the same name on every path (no suffix).
+UNIT_RATIO: Final = "{ratio}"
 UNIT_FILE_DESCRIPTOR: Final = "{file_descriptor}"
 UNIT_THREAD: Final = "{thread}"
 EVENT_LOOP_LAG_BUCKETS_S: Final = (
