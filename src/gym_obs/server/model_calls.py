@@ -83,7 +83,8 @@ _failed_once = False
 class ModelCallConfig(BaseModel):
     """``model_calls`` in a server's own config: the switch, the provider and the model allow-list."""
 
-    model_config = ConfigDict(extra="forbid")
+    # protected_namespaces=(): ``model_allow_list`` is a field, not pydantic's (2.9 warns otherwise).
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
     enabled: bool | None = None  # None: on for server_type responses_api_models
     provider: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9_.]{0,63}$")

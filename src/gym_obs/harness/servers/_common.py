@@ -47,7 +47,8 @@ _SERVER_ERROR_KINDS: Final = {"model": "provider_unavailable", "agent": "agent_r
 class OwnConfig(BaseModel):
     """Keys every demo server accepts in its own section of the global config."""
 
-    model_config = ConfigDict(extra="forbid")
+    # protected_namespaces=(): the demo model's ``model_calls`` is a field, not pydantic's (2.9 warns).
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
     fault_plan: dict[str, Any] | None = None
     prometheus_port: int | None = Field(default=None, ge=1, le=65535)
