@@ -23,7 +23,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any, Final
 
@@ -174,6 +174,30 @@ class _JsonLinesFile:
                 self._file = None
 
 
+    def export(self, what: str, encode: Callable[[], bytes | None]) -> bool:
+        """Write the line ``encode`` builds (``None``: nothing to write); never raises into the SDK (a
+        failure, bad input included, is warned once and is False)."""
+        try:
+            line = encode()
+            return True if line is None else self.write(line)
+        except Exception as exc:
+            self.warn_once("error", "%s export to %s failed: %r", what, self.path, exc)
+            return False
+
+    def flush_quietly(self) -> bool:
+        try:
+            self.flush()
+        except Exception:
+            return False
+        return True
+
+    def close_quietly(self) -> None:
+        try:
+            self.close()
+        except Exception as exc:
+            self.warn_once("close", "closing %s failed: %r", self.path, exc)
+
+
 class OtlpJsonFileSpanExporter(SpanExporter):
     """Writes each batch of spans as one ``ExportTraceServiceRequest`` JSON line."""
 
@@ -185,27 +209,15 @@ class OtlpJsonFileSpanExporter(SpanExporter):
         return self._file.path
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        try:
-            if not spans:
-                return SpanExportResult.SUCCESS
-            ok = self._file.write(encode_spans_line(spans))
-        except Exception as exc:  # never raise into the SDK
-            self._file.warn_once("error", "span export to %s failed: %r", self._file.path, exc)
-            return SpanExportResult.FAILURE
-        return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
+        if self._file.export("span", lambda: encode_spans_line(spans) if spans else None):
+            return SpanExportResult.SUCCESS
+        return SpanExportResult.FAILURE
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        try:
-            self._file.flush()
-        except Exception:
-            return False
-        return True
+        return self._file.flush_quietly()
 
     def shutdown(self) -> None:
-        try:
-            self._file.close()
-        except Exception as exc:
-            self._file.warn_once("close", "closing %s failed: %r", self._file.path, exc)
+        self._file.close_quietly()
 
 
 class OtlpJsonFileMetricExporter(MetricExporter):
@@ -222,27 +234,18 @@ class OtlpJsonFileMetricExporter(MetricExporter):
     def export(
         self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
     ) -> MetricExportResult:
-        try:
-            if not metrics_data.resource_metrics:
-                return MetricExportResult.SUCCESS
-            ok = self._file.write(encode_metrics_line(metrics_data))
-        except Exception as exc:  # never raise into the SDK
-            self._file.warn_once("error", "metric export to %s failed: %r", self._file.path, exc)
-            return MetricExportResult.FAILURE
-        return MetricExportResult.SUCCESS if ok else MetricExportResult.FAILURE
+        def line() -> bytes | None:
+            return encode_metrics_line(metrics_data) if metrics_data.resource_metrics else None
+
+        if self._file.export("metric", line):
+            return MetricExportResult.SUCCESS
+        return MetricExportResult.FAILURE
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
-        try:
-            self._file.flush()
-        except Exception:
-            return False
-        return True
+        return self._file.flush_quietly()
 
     def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        try:
-            self._file.close()
-        except Exception as exc:
-            self._file.warn_once("close", "closing %s failed: %r", self._file.path, exc)
+        self._file.close_quietly()
 
 
 class OtlpJsonFileLogExporter(LogRecordExporter):
@@ -258,27 +261,15 @@ class OtlpJsonFileLogExporter(LogRecordExporter):
         return self._file.path
 
     def export(self, batch: Sequence[ReadableLogRecord]) -> LogRecordExportResult:
-        try:
-            if not batch:
-                return LogRecordExportResult.SUCCESS
-            ok = self._file.write(otlp_json_line(encode_logs(batch)))
-        except Exception as exc:  # never raise into the SDK
-            self._file.warn_once("error", "log export to %s failed: %r", self._file.path, exc)
-            return LogRecordExportResult.FAILURE
-        return LogRecordExportResult.SUCCESS if ok else LogRecordExportResult.FAILURE
+        if self._file.export("log", lambda: otlp_json_line(encode_logs(batch)) if batch else None):
+            return LogRecordExportResult.SUCCESS
+        return LogRecordExportResult.FAILURE
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        try:
-            self._file.flush()
-        except Exception:
-            return False
-        return True
+        return self._file.flush_quietly()
 
     def shutdown(self) -> None:
-        try:
-            self._file.close()
-        except Exception as exc:
-            self._file.warn_once("close", "closing %s failed: %r", self._file.path, exc)
+        self._file.close_quietly()
 
 
 def file_span_exporter(
