@@ -5,21 +5,67 @@ exemplar reservoir -- also when this process records no span there (a sampled ``
 the span group is off, or only the remote parent is current). That is reservoir work on the request path
 for an exemplar whose span id leads nowhere. With tracing off in the process, no measurement is eligible,
 decided once at set-up. ``OTEL_METRICS_EXEMPLAR_FILTER``, when set, is the user's choice and wins.
+
+:func:`exemplar_sampler` turns the meter provider's filter (whichever it is) into the one call the
+pre-aggregated instruments make per measurement: it answers the filter's question and returns the span
+context the exemplar points to in the same step, so a measurement pays one context lookup, not two.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Final
 
-from opentelemetry.context import Context
-from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, ExemplarFilter
-from opentelemetry.trace import NonRecordingSpan, get_current_span
+from opentelemetry.context import Context, get_current
+from opentelemetry.sdk.metrics import (
+    AlwaysOffExemplarFilter,
+    AlwaysOnExemplarFilter,
+    ExemplarFilter,
+    TraceBasedExemplarFilter,
+)
+from opentelemetry.trace import (
+    INVALID_SPAN,
+    NonRecordingSpan,
+    Span,
+    SpanContext,
+    get_current_span,
+    set_span_in_context,
+)
 from opentelemetry.util.types import Attributes
 
-__all__ = ["RecordedSpanExemplarFilter", "exemplar_filter"]
+__all__ = ["ExemplarSampler", "RecordedSpanExemplarFilter", "exemplar_filter", "exemplar_sampler"]
 
 ENV_EXEMPLAR_FILTER: Final = "OTEL_METRICS_EXEMPLAR_FILTER"
+
+#: (value, attributes, context) -> the span context an exemplar of this measurement points to (an invalid
+#: one: an exemplar without ids), or None: no exemplar.
+ExemplarSampler = Callable[[float, Attributes, Context | None], SpanContext | None]
+
+
+# The context key the current span lives under, found through the public API (``set_span_in_context``
+# writes exactly one key), so the samplers read the span with one dict lookup.
+(_SPAN_KEY,) = set_span_in_context(INVALID_SPAN, Context()).keys()
+# span type -> whether its instances are spans this process records (an SDK span) rather than a
+# NonRecordingSpan (no span, a bare remote parent, an unsampled one): decided once per type, not per point.
+_RECORDED_TYPES: dict[type, bool] = {}
+
+
+def _learn(kind: type) -> bool:
+    recorded = issubclass(kind, Span) and not issubclass(kind, NonRecordingSpan)
+    if len(_RECORDED_TYPES) < 64:  # span types are few; an odd caller cannot grow this
+        _RECORDED_TYPES[kind] = recorded
+    return recorded
+
+
+def _recorded_span_context(value: float, attributes: Attributes, context: Context | None) -> SpanContext | None:
+    """The current span's context when it is a sampled span of this process (ended or not), else None."""
+    span = (get_current() if context is None else context).get(_SPAN_KEY)
+    recorded = _RECORDED_TYPES.get(type(span))
+    if not (recorded if recorded is not None else _learn(type(span))):
+        return None
+    span_context: SpanContext = span.get_span_context()  # type: ignore[attr-defined]
+    return span_context if span_context.trace_flags & 1 else None
 
 
 class RecordedSpanExemplarFilter(ExemplarFilter):
@@ -29,8 +75,7 @@ class RecordedSpanExemplarFilter(ExemplarFilter):
     def should_sample(
         self, value: float, time_unix_nano: int, attributes: Attributes, context: Context
     ) -> bool:
-        span = get_current_span(context)
-        return not isinstance(span, NonRecordingSpan) and span.get_span_context().trace_flags.sampled
+        return _recorded_span_context(value, attributes, context) is not None
 
 
 def exemplar_filter(tracing: bool, env: Mapping[str, str]) -> ExemplarFilter | None:
@@ -38,3 +83,39 @@ def exemplar_filter(tracing: bool, env: Mapping[str, str]) -> ExemplarFilter | N
     if env.get(ENV_EXEMPLAR_FILTER, "").strip():
         return None
     return RecordedSpanExemplarFilter() if tracing else AlwaysOffExemplarFilter()
+
+
+def _sampled_context(value: float, attributes: Attributes, context: Context | None) -> SpanContext | None:
+    """The SDK's ``trace_based`` rule: any sampled current span context, a remote parent's included."""
+    span_context = get_current_span(context).get_span_context()
+    return span_context if span_context.is_valid and span_context.trace_flags & 1 else None
+
+
+def _any_context(value: float, attributes: Attributes, context: Context | None) -> SpanContext | None:
+    """``always_on``: every measurement, with the current span's ids when there is one."""
+    return get_current_span(context).get_span_context()
+
+
+def exemplar_sampler(chosen: ExemplarFilter | None) -> ExemplarSampler | None:
+    """The per-measurement sampler that does what ``chosen`` decides; None when no measurement is eligible.
+
+    The SDK's three filters and gym's own get a direct implementation; any other filter is asked as the SDK
+    would ask it (``should_sample`` with the measurement's value, time, attributes and context).
+    """
+    if chosen is None or isinstance(chosen, AlwaysOffExemplarFilter):
+        return None
+    if type(chosen) is RecordedSpanExemplarFilter:
+        return _recorded_span_context
+    if type(chosen) is TraceBasedExemplarFilter:
+        return _sampled_context
+    if type(chosen) is AlwaysOnExemplarFilter:
+        return _any_context
+    should_sample = chosen.should_sample
+
+    def ask(value: float, attributes: Attributes, context: Context | None) -> SpanContext | None:
+        current = context if context is not None else get_current()
+        if not should_sample(value, time.time_ns(), attributes, current):
+            return None
+        return get_current_span(current).get_span_context()
+
+    return ask
