@@ -113,7 +113,6 @@ class ReplyFacts:
         "_finish_by_index",
         "cached_input_tokens",
         "content_started",
-        "finish_reasons",
         "input_tokens",
         "output_tokens",
         "problem",
@@ -127,8 +126,7 @@ class ReplyFacts:
         self.output_tokens: int | None = None
         self.reasoning_tokens: int | None = None
         self.cached_input_tokens: int | None = None
-        self.finish_reasons: list[str] = []
-        self._finish_by_index: dict[int, str] = {}
+        self._finish_by_index: dict[int, str] | None = None  # made by the first finish reason
         self.response_model: str | None = None
         self.response_id: str | None = None
         self.content_started = False
@@ -154,11 +152,19 @@ class ReplyFacts:
     def has_usage(self) -> bool:
         return self.input_tokens is not None or self.output_tokens is not None
 
+    @property
+    def finish_reasons(self) -> list[str]:
+        """The normalised finish reason of each choice, in the order the choices first reported one."""
+        by_index = self._finish_by_index
+        return list(by_index.values()) if by_index else []
+
     def add_finish(self, reason: str, index: int = 0) -> None:
         """Record choice ``index``'s finish reason (bounded; the last report for an index wins)."""
-        if index in self._finish_by_index or len(self._finish_by_index) < _MAX_FINISH_REASONS:
-            self._finish_by_index[index] = reason
-            self.finish_reasons = list(self._finish_by_index.values())
+        by_index = self._finish_by_index
+        if by_index is None:
+            self._finish_by_index = {index: reason}
+        elif index in by_index or len(by_index) < _MAX_FINISH_REASONS:
+            by_index[index] = reason
 
     def note_model(self, value: object) -> None:
         if self.response_model is None:
@@ -174,7 +180,7 @@ class ReplyFacts:
 
 def _count(facts: ReplyFacts, container: object, key: str) -> int | None:
     """``container[key]`` as a valid token count; a present but invalid value flags ``invalid_usage``."""
-    if not isinstance(container, dict):
+    if type(container) is not dict:
         return None
     value = container.get(key)
     if value is None:
@@ -185,23 +191,34 @@ def _count(facts: ReplyFacts, container: object, key: str) -> int | None:
     return None
 
 
-def _set(facts: ReplyFacts, attr: str, value: int | None) -> None:
-    if value is not None:
-        setattr(facts, attr, value)
+#: The OpenAI usage keys: (input, output, input details, output details), per dialect.
+_CHAT_USAGE: Final = ("prompt_tokens", "completion_tokens", "prompt_tokens_details", "completion_tokens_details")
+_RESPONSES_USAGE: Final = ("input_tokens", "output_tokens", "input_tokens_details", "output_tokens_details")
 
 
-def _openai_usage(facts: ReplyFacts, usage: object, input_key: str, output_key: str) -> None:
+def _openai_usage(facts: ReplyFacts, usage: object, keys: tuple[str, str, str, str]) -> None:
     if usage is None:
         return
-    if not isinstance(usage, dict):
+    if type(usage) is not dict:
         facts.flag(names.GEN_AI_UNPARSABLE_INVALID_USAGE)
         return
-    _set(facts, "input_tokens", _count(facts, usage, input_key))
-    _set(facts, "output_tokens", _count(facts, usage, output_key))
-    details_in = usage.get(input_key + "_details")
-    details_out = usage.get(output_key + "_details")
-    _set(facts, "cached_input_tokens", _count(facts, details_in, "cached_tokens"))
-    _set(facts, "reasoning_tokens", _count(facts, details_out, "reasoning_tokens"))
+    input_key, output_key, input_details, output_details = keys
+    value = _count(facts, usage, input_key)
+    if value is not None:
+        facts.input_tokens = value
+    value = _count(facts, usage, output_key)
+    if value is not None:
+        facts.output_tokens = value
+    details = usage.get(input_details)
+    if details is not None:
+        value = _count(facts, details, "cached_tokens")
+        if value is not None:
+            facts.cached_input_tokens = value
+    details = usage.get(output_details)
+    if details is not None:
+        value = _count(facts, details, "reasoning_tokens")
+        if value is not None:
+            facts.reasoning_tokens = value
 
 
 def _messages_usage(facts: ReplyFacts, usage: object) -> None:
@@ -216,8 +233,11 @@ def _messages_usage(facts: ReplyFacts, usage: object) -> None:
     written = _count(facts, usage, "cache_creation_input_tokens")
     if fresh is not None:
         facts.input_tokens = min(fresh + (read or 0) + (written or 0), MAX_TOKENS)
-    _set(facts, "cached_input_tokens", read)
-    _set(facts, "output_tokens", _count(facts, usage, "output_tokens"))
+    if read is not None:
+        facts.cached_input_tokens = read
+    output = _count(facts, usage, "output_tokens")
+    if output is not None:
+        facts.output_tokens = output
 
 
 # --- whole replies -----------------------------------------------------------------------------------------
@@ -247,7 +267,7 @@ def _responses_object(facts: ReplyFacts, response: object) -> None:
         return
     facts.note_model(response.get("model"))
     facts.note_id(response.get("id"))
-    _openai_usage(facts, response.get("usage"), "input_tokens", "output_tokens")
+    _openai_usage(facts, response.get("usage"), _RESPONSES_USAGE)
     status = response.get("status")
     if status == "completed":
         output = response.get("output")
@@ -293,7 +313,7 @@ def facts_from_json(operation: str, body: bytes, facts: ReplyFacts | None = None
             facts.note_model(data.get("model"))
             facts.note_id(data.get("id"))
             _chat_choices(facts, data.get("choices"))
-            _openai_usage(facts, data.get("usage"), "prompt_tokens", "completion_tokens")
+            _openai_usage(facts, data.get("usage"), _CHAT_USAGE)
         elif operation == names.GEN_AI_OPERATION_RESPONSES:
             _responses_object(facts, data)
         else:
@@ -457,7 +477,7 @@ def _chat_event(event: dict[str, Any], facts: ReplyFacts) -> bool:
         _chat_choices(facts, choices)
     usage = event.get("usage")
     if usage is not None:
-        _openai_usage(facts, usage, "prompt_tokens", "completion_tokens")
+        _openai_usage(facts, usage, _CHAT_USAGE)
     return content
 
 
@@ -499,7 +519,9 @@ def _messages_event(event: dict[str, Any], facts: ReplyFacts) -> bool:
             if usage.get("input_tokens") is not None:
                 _messages_usage(facts, usage)
             else:
-                _set(facts, "output_tokens", _count(facts, usage, "output_tokens"))
+                output = _count(facts, usage, "output_tokens")
+                if output is not None:
+                    facts.output_tokens = output
     elif kind == "error":
         facts.add_finish(names.GEN_AI_FINISH_ERROR)
     return False
