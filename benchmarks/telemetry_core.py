@@ -140,7 +140,8 @@ def measure_points(runs: int) -> list[PointResult]:
     retry = AttributeCache(names.ATTR_SERVER_NAME, names.ATTR_RETRY_REASON).get("model", "timeout")
     span = TracerProvider().get_tracer("bench").start_span("POST /v1/responses")
     results = []
-    for where, ctx in (("in a sampled span", trace.set_span_in_context(span)), ("no span", context.Context())):
+    places = (("in a sampled span", trace.set_span_in_context(span)), ("no span", context.Context()))
+    for where, ctx in places:
         token = context.attach(ctx)
         try:
             for case, sdk_fn, pre_fn in (
@@ -168,7 +169,8 @@ def measure_points(runs: int) -> list[PointResult]:
     assert data is not None
     found = {m.name: m for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
     (histogram_point,) = found[name].data.data_points
-    assert histogram_point.exemplars and histogram_point.exemplars[0].span_id == span.get_span_context().span_id
+    (exemplar,) = histogram_point.exemplars
+    assert exemplar.span_id == span.get_span_context().span_id
     provider.shutdown()
     return results
 

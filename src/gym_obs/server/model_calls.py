@@ -39,7 +39,7 @@ from gym_obs.telemetry.genai import (
     model_from_request_body,
     update_from_event,
 )
-from gym_obs.telemetry.metrics import AttributeCache, Instruments
+from gym_obs.telemetry.metrics import Instruments
 from gym_obs.telemetry.spans import set_trusted_attributes
 
 __all__ = [
@@ -146,15 +146,12 @@ class _Call:
         "sse",
         "started",
         "status",
-        "streamed",
         "tail",
-        "was_read",
     )
 
-    # set in _start for the reply's kind only
+    # set in _start for the reply's kind only (a call pays for its own kind)
     json_parts: list[bytes]
     json_bytes: int
-    sse: SseEvents
     head_bytes: int
     tail: deque[bytes] | None
 
@@ -174,16 +171,12 @@ class _Call:
         self.started = time.perf_counter()
         self.mode = _WAITING
         self.status = 0
-        self.complete = False
-        self.disconnected = False
-        self.streamed = False
+        self.complete = self.disconnected = self.recorded = False
         self.facts = ReplyFacts()
         self.first_token_at: float | None = None
         self.request_model: str | None = None
         self.scanned = 0
-        self.was_read = False
-        self.recorded = False
-        # JSON replies set json_parts/json_bytes, streams the rest, in _start (a call pays for its own kind)
+        self.sse: SseEvents | None = None  # a streamed reply's reader
 
     async def receive(self) -> Message:
         message = await self._receive()
@@ -262,7 +255,6 @@ class _Call:
                 content_type = value.lower()
                 break
         if content_type.startswith(b"text/event-stream"):
-            self.streamed = True
             self.sse = SseEvents()
             self.head_bytes = 0
             self.tail = None
@@ -298,63 +290,68 @@ class _Call:
     # -- after the last byte -------------------------------------------------------------------------------
 
     def read_reply(self) -> None:
-        """Read what was kept (once): the JSON document, or the stream's last events."""
-        if self.was_read:
-            return
-        self.was_read = True
+        """Read what was kept: the JSON document, or the stream's last events (called once, by _record)."""
         facts = self.facts
         if self.mode == _JSON:
             facts_from_json(self.operation, b"".join(self.json_parts), facts)
             self.json_parts = []
-        elif self.streamed:
-            sse = self.sse
-            truncated = sse.pending
-            if self.tail:
-                truncated = self._read_tail()
-            if self.complete and truncated:
-                facts.flag(names.GEN_AI_UNPARSABLE_TRUNCATED)
-            if sse.dropped:
-                facts.flag(names.GEN_AI_UNPARSABLE_TOO_LARGE)
-            if not facts.has_usage:
-                facts.flag(names.GEN_AI_UNPARSABLE_MISSING_USAGE)
+            return
+        sse = self.sse
+        if sse is None:
+            return
+        truncated = sse.pending
+        if self.tail:
+            truncated = self._read_tail(sse)
+        if self.complete and truncated:
+            facts.flag(names.GEN_AI_UNPARSABLE_TRUNCATED)
+        if sse.dropped:
+            facts.flag(names.GEN_AI_UNPARSABLE_TOO_LARGE)
+        if not facts.has_usage:
+            facts.flag(names.GEN_AI_UNPARSABLE_MISSING_USAGE)
 
-    def _read_tail(self) -> bool:
-        """Read the last ``TAIL_EVENTS`` events of what was kept (never the whole stream event by event);
-        True when the stream ended inside an event."""
+    def _read_tail(self, sse: SseEvents) -> bool:
+        """Read the last ``TAIL_EVENTS`` events of what was kept, joining only the chunks they are in (never
+        the whole stream event by event); True when the stream ended inside an event."""
         tail = self.tail
         assert tail is not None
         self.tail = None
-        responses = self.operation == names.GEN_AI_OPERATION_RESPONSES
-        limit = RESPONSES_TAIL_BYTES if responses else TAIL_BYTES
-        trimmed = len(tail) == tail.maxlen  # older chunks may have left the ring
-        if sum(map(len, tail)) <= 4 * limit:
-            joined = b"".join(tail)
-        else:  # a few huge chunks: join only what the limit keeps
-            bodies: list[bytes] = []
-            size = 0
-            for body in reversed(tail):
-                bodies.append(body)
-                size += len(body)
-                if size > limit:
-                    break
-            joined = b"".join(reversed(bodies))
-        if len(joined) > limit:
-            joined = joined[len(joined) - limit :]
+        operation, facts = self.operation, self.facts
+        chunks = list(tail)
+        trimmed = len(chunks) == tail.maxlen  # older chunks may have left the ring
+        first = 0
+        if not trimmed and sse.pending:
+            # the head's reader stopped inside an event: its chunks finish it (and any event it runs into)
+            while first < len(chunks) and sse.pending:
+                for event in sse.feed(chunks[first]):
+                    if _late_event(operation, event):
+                        update_from_event(operation, event, facts)
+                first += 1
+            if sse.pending:
+                return True
+        limit = RESPONSES_TAIL_BYTES if operation == names.GEN_AI_OPERATION_RESPONSES else TAIL_BYTES
+        picked: list[bytes] = []
+        size = events = 0
+        at = len(chunks)
+        while at > first:  # from the end: the chunks that hold the last events (or the byte limit)
+            at -= 1
+            body = chunks[at]
+            picked.append(body)
+            size += len(body)
+            events += body.count(b"\n\n")  # CR forms and split separators only undercount: more is read
+            if events > TAIL_EVENTS or size > limit:
+                break
+        trimmed = trimmed or at > first
+        picked.reverse()
+        data = b"".join(picked)
+        if len(data) > limit:
+            data = data[len(data) - limit :]
             trimmed = True
-        data = joined
         if b"\r" in data:
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         blocks = data.split(b"\n\n")  # one C call; the last piece is what follows the last event
-        if not trimmed and self.sse.pending:
-            # the head's reader stopped inside an event: the tail continues it
-            for event in self.sse.feed(data):
-                if _late_event(self.operation, event):
-                    update_from_event(self.operation, event, self.facts)
-            return self.sse.pending
         rest = blocks.pop()
         if trimmed and len(blocks) <= TAIL_EVENTS:
             blocks = blocks[1:]  # the first piece may start mid-event
-        operation, facts = self.operation, self.facts
         for block in blocks[-TAIL_EVENTS:]:
             if _late_event(operation, block):  # a byte search before any per-line work
                 payload = _event_data(block)
@@ -431,6 +428,29 @@ def _server_span() -> Span | None:
     return None
 
 
+#: The span attribute of a single finish reason: one shared tuple per reason, so the span's attribute dict
+#: holds nothing new the garbage collector has to track (a new tuple per call made every SERVER span's dict
+#: a tracked container, and the spans a batch processor holds pushed the collector into full collections).
+_ONE_FINISH: Final = {reason: (reason,) for reason in names.GEN_AI_FINISH_REASONS}
+
+
+class _Labels:
+    """The metric attribute dicts of one label combination, built once: one per outcome, token type, finish
+    reason and unparsable reason (each a fixed set), so a call builds no dict and no cache key per point."""
+
+    __slots__ = ("base", "by_finish", "by_outcome", "by_reason", "by_token")
+
+    def __init__(self, base: dict[str, Any]) -> None:
+        self.base = base
+        self.by_outcome = self._each(names.ATTR_GEN_AI_OUTCOME, names.GEN_AI_OUTCOMES)
+        self.by_token = self._each(names.ATTR_GEN_AI_TOKEN_TYPE, names.GEN_AI_TOKEN_TYPES)
+        self.by_finish = self._each(names.ATTR_GEN_AI_RESPONSE_FINISH_REASONS, names.GEN_AI_FINISH_REASONS)
+        self.by_reason = self._each(names.ATTR_GEN_AI_UNPARSABLE_REASON, names.GEN_AI_UNPARSABLE_REASONS)
+
+    def _each(self, key: str, values: Sequence[str]) -> dict[str, dict[str, Any]]:
+        return {value: {**self.base, key: value} for value in values}
+
+
 class ModelCallMiddleware:
     """The model-call layer (pure ASGI; see the module docstring), added by :func:`install_model_calls`."""
 
@@ -447,16 +467,8 @@ class ModelCallMiddleware:
         self.provider = provider
         self.allowed_models = frozenset(model_allow_list)
         self._label_model = bool(self.allowed_models)
-        keys = [names.ATTR_SERVER_NAME, names.ATTR_GEN_AI_OPERATION_NAME]
-        if provider is not None:
-            keys.append(names.ATTR_GEN_AI_PROVIDER_NAME)
-        if self.allowed_models:
-            keys.append(names.ATTR_GEN_AI_REQUEST_MODEL)
-        self._base = AttributeCache(*keys)
-        self._with_outcome = AttributeCache(*keys, names.ATTR_GEN_AI_OUTCOME)
-        self._with_token = AttributeCache(*keys, names.ATTR_GEN_AI_TOKEN_TYPE)
-        self._with_finish = AttributeCache(*keys, names.ATTR_GEN_AI_RESPONSE_FINISH_REASONS)
-        self._with_reason = AttributeCache(*keys, names.ATTR_GEN_AI_UNPARSABLE_REASON)
+        # (server name, operation, model label or None) -> its attribute dicts; bounded by the label rule
+        self._labels: dict[tuple[str, str, str | None], _Labels] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         operation = dialect_for_path(scope["path"]) if scope["type"] == "http" else None
@@ -484,71 +496,88 @@ class ModelCallMiddleware:
         if instruments is not None:
             self._record(call, None, instruments)
 
-    def _labels(self, call: _Call) -> tuple[str, ...]:
+    def _labels_for(self, call: _Call) -> _Labels:
         server = self.server_name or STATE.server_name or ""
-        if not self._label_model:
-            if self.provider is None:
-                return (server, call.operation)
-            return (server, call.operation, self.provider)
-        model = call.request_model or call.facts.response_model
-        model = model if model in self.allowed_models else names.GEN_AI_MODEL_OTHER
-        if self.provider is None:
-            return (server, call.operation, model)
-        return (server, call.operation, self.provider, model)
+        model: str | None = None
+        if self._label_model:
+            model = call.request_model or call.facts.response_model
+            if model not in self.allowed_models:
+                model = names.GEN_AI_MODEL_OTHER
+        key = (server, call.operation, model)
+        labels = self._labels.get(key)
+        if labels is None:
+            base: dict[str, Any] = {
+                names.ATTR_SERVER_NAME: server,
+                names.ATTR_GEN_AI_OPERATION_NAME: call.operation,
+            }
+            if self.provider is not None:
+                base[names.ATTR_GEN_AI_PROVIDER_NAME] = self.provider
+            if model is not None:
+                base[names.ATTR_GEN_AI_REQUEST_MODEL] = model
+            if len(self._labels) >= 1024:  # only a changing server name could get here
+                self._labels.clear()
+            labels = self._labels[key] = _Labels(base)
+        return labels
 
     def _record(self, call: _Call, error: BaseException | None, instruments: Instruments) -> None:
         """Metrics and SERVER-span attributes of one call (once: at its last byte, else when it ended)."""
         call.recorded = True
         ended = time.perf_counter()
         outcome = call.outcome(error)
-        facts = call.facts
         call.read_reply()
-        labels = self._labels(call)
-        instruments.gen_ai_server_duration.record(
-            ended - call.started, self._with_outcome.get(*labels, outcome)
-        )
+        facts = call.facts
+        labels = self._labels_for(call)
+        instruments.gen_ai_server_duration.record(ended - call.started, labels.by_outcome[outcome])
         ok = outcome == names.GEN_AI_OUTCOME_OK
         if ok and call.first_token_at is not None:
-            instruments.gen_ai_server_ttft.record(call.first_token_at - call.started, self._base.get(*labels))
-        tokens, with_token = instruments.gen_ai_server_tokens, self._with_token
-        for token_type, count in (
-            (names.GEN_AI_TOKEN_INPUT, facts.input_tokens),
-            (names.GEN_AI_TOKEN_OUTPUT, facts.output_tokens),
-            (names.GEN_AI_TOKEN_REASONING, facts.reasoning_tokens),
-            (names.GEN_AI_TOKEN_CACHED_INPUT, facts.cached_input_tokens),
-        ):
-            if count is not None:
-                tokens.record(count, with_token.get(*labels, token_type))
-        for reason in facts.finish_reasons:
-            instruments.gen_ai_server_finishes.add(1, self._with_finish.get(*labels, reason))
-        if ok and facts.problem is not None:
-            instruments.gen_ai_server_unparsable.add(1, self._with_reason.get(*labels, facts.problem))
+            instruments.gen_ai_server_ttft.record(call.first_token_at - call.started, labels.base)
+        tokens, by_token = instruments.gen_ai_server_tokens, labels.by_token
+        if facts.input_tokens is not None:
+            tokens.record(facts.input_tokens, by_token[names.GEN_AI_TOKEN_INPUT])
+        if facts.output_tokens is not None:
+            tokens.record(facts.output_tokens, by_token[names.GEN_AI_TOKEN_OUTPUT])
+        if facts.reasoning_tokens is not None:
+            tokens.record(facts.reasoning_tokens, by_token[names.GEN_AI_TOKEN_REASONING])
+        if facts.cached_input_tokens is not None:
+            tokens.record(facts.cached_input_tokens, by_token[names.GEN_AI_TOKEN_CACHED_INPUT])
+        reasons = facts.finish_reasons
+        for reason in reasons:  # normalised by genai: always one of the fixed set
+            instruments.gen_ai_server_finishes.add(1, labels.by_finish[reason])
+        problem = facts.problem if ok else None
+        if problem is not None:
+            instruments.gen_ai_server_unparsable.add(1, labels.by_reason[problem])
         span = call.span
         if span is not None:
-            set_trusted_attributes(span, self._span_attributes(call, outcome))
+            set_trusted_attributes(span, self._span_attributes(call, outcome, problem, reasons))
 
-    def _span_attributes(self, call: _Call, outcome: str) -> dict[str, Any]:
+    def _span_attributes(
+        self, call: _Call, outcome: str, problem: str | None, reasons: list[str]
+    ) -> dict[str, Any]:
         facts = call.facts
         attributes: dict[str, Any] = {
             names.ATTR_GEN_AI_OPERATION_NAME: call.operation,
             names.ATTR_GEN_AI_OUTCOME: outcome,
-            names.ATTR_GEN_AI_STREAMED: call.streamed,
+            names.ATTR_GEN_AI_STREAMED: call.sse is not None,
         }
-        problem = facts.problem if outcome == names.GEN_AI_OUTCOME_OK else None
-        optional = (
-            (names.ATTR_GEN_AI_PROVIDER_NAME, self.provider),
-            (names.ATTR_GEN_AI_REQUEST_MODEL, call.request_model),
-            (names.ATTR_GEN_AI_RESPONSE_MODEL, facts.response_model),
-            (names.ATTR_GEN_AI_RESPONSE_ID, facts.response_id),
-            (names.ATTR_GEN_AI_USAGE_INPUT_TOKENS, facts.input_tokens),
-            (names.ATTR_GEN_AI_USAGE_OUTPUT_TOKENS, facts.output_tokens),
-            (names.ATTR_GEN_AI_USAGE_REASONING_TOKENS, facts.reasoning_tokens),
-            (names.ATTR_GEN_AI_USAGE_CACHED_INPUT_TOKENS, facts.cached_input_tokens),
-            (names.ATTR_GEN_AI_UNPARSABLE_REASON, problem),
-        )
-        for key, value in optional:
-            if value is not None:
-                attributes[key] = value
-        if facts.finish_reasons:
-            attributes[names.ATTR_GEN_AI_RESPONSE_FINISH_REASONS] = tuple(facts.finish_reasons)
+        if self.provider is not None:
+            attributes[names.ATTR_GEN_AI_PROVIDER_NAME] = self.provider
+        if call.request_model is not None:
+            attributes[names.ATTR_GEN_AI_REQUEST_MODEL] = call.request_model
+        if facts.response_model is not None:
+            attributes[names.ATTR_GEN_AI_RESPONSE_MODEL] = facts.response_model
+        if facts.response_id is not None:
+            attributes[names.ATTR_GEN_AI_RESPONSE_ID] = facts.response_id
+        if facts.input_tokens is not None:
+            attributes[names.ATTR_GEN_AI_USAGE_INPUT_TOKENS] = facts.input_tokens
+        if facts.output_tokens is not None:
+            attributes[names.ATTR_GEN_AI_USAGE_OUTPUT_TOKENS] = facts.output_tokens
+        if facts.reasoning_tokens is not None:
+            attributes[names.ATTR_GEN_AI_USAGE_REASONING_TOKENS] = facts.reasoning_tokens
+        if facts.cached_input_tokens is not None:
+            attributes[names.ATTR_GEN_AI_USAGE_CACHED_INPUT_TOKENS] = facts.cached_input_tokens
+        if problem is not None:
+            attributes[names.ATTR_GEN_AI_UNPARSABLE_REASON] = problem
+        if reasons:
+            one = _ONE_FINISH.get(reasons[0]) if len(reasons) == 1 else None
+            attributes[names.ATTR_GEN_AI_RESPONSE_FINISH_REASONS] = one or tuple(reasons)
         return attributes

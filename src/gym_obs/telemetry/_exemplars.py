@@ -58,7 +58,9 @@ def _learn(kind: type) -> bool:
     return recorded
 
 
-def _recorded_span_context(value: float, attributes: Attributes, context: Context | None) -> SpanContext | None:
+def _recorded_span_context(
+    value: float, attributes: Attributes, context: Context | None
+) -> SpanContext | None:
     """The current span's context when it is a sampled span of this process (ended or not), else None."""
     span = (get_current() if context is None else context).get(_SPAN_KEY)
     recorded = _RECORDED_TYPES.get(type(span))

@@ -84,7 +84,9 @@ class Instruments:
         self.pre: PreAggregation | None = attach(meter)
         seconds = names.UNIT_SECONDS
         self.client_request_duration = self.histogram(
-            names.METRIC_HTTP_CLIENT_REQUEST_DURATION, seconds, "Duration of each HTTP client request attempt."
+            names.METRIC_HTTP_CLIENT_REQUEST_DURATION,
+            seconds,
+            "Duration of each HTTP client request attempt.",
         )
         self.server_request_duration = self.histogram(
             names.METRIC_HTTP_SERVER_REQUEST_DURATION, seconds, "Duration of HTTP server requests."
@@ -114,7 +116,9 @@ class Instruments:
             "Request attempts that timed out, by destination (internal gym server or external).",
         )
         self.failure_events = self.counter(
-            names.METRIC_FAILURE_EVENTS, names.UNIT_EVENT, "Failure events, counted once where first observed."
+            names.METRIC_FAILURE_EVENTS,
+            names.UNIT_EVENT,
+            "Failure events, counted once where first observed.",
         )
         self.rollout_duration = self.histogram(
             names.METRIC_ROLLOUT_DURATION, seconds, "Duration of one rollout, end to end."

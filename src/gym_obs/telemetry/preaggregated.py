@@ -177,7 +177,8 @@ class PreAggregatedHistogram(_Instrument):
         self, amount: float, attributes: Attributes = None, context: Context | None = None
     ) -> None:
         sample = self._sample
-        self.record_sampled(amount, attributes, None if sample is None else sample(amount, attributes, context))
+        exemplar = None if sample is None else sample(amount, attributes, context)
+        self.record_sampled(amount, attributes, exemplar)
 
     def record_sampled(self, amount: float, attributes: Attributes, exemplar: SpanContext | None) -> None:
         """``record`` with the exemplar decision already made (:meth:`PreAggregation.sample`): for a caller
@@ -215,7 +216,8 @@ class PreAggregatedCounter(_Instrument):
 
     def add(self, amount: float, attributes: Attributes = None, context: Context | None = None) -> None:
         sample = self._sample
-        self.add_sampled(amount, attributes, None if sample is None else sample(amount, attributes, context))
+        exemplar = None if sample is None else sample(amount, attributes, context)
+        self.add_sampled(amount, attributes, exemplar)
 
     def add_sampled(self, amount: float, attributes: Attributes, exemplar: SpanContext | None) -> None:
         """``add`` with the exemplar decision already made (:meth:`PreAggregation.sample`)."""
@@ -331,7 +333,8 @@ class PreAggregation:
             self.generation += 1
             view.generation = self.generation
             for instrument in list(self._instruments.values()):
-                metric = _metric(instrument, _temporality(temporalities, instrument.sdk_kind), view, since, now)
+                temporality = _temporality(temporalities, instrument.sdk_kind)
+                metric = _metric(instrument, temporality, view, since, now)
                 if metric is not None:
                     metrics.append(metric)
         view.last_ns = now
