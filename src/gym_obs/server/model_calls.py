@@ -23,13 +23,13 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final
 
-from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gym_obs.config import ConfigError
 from gym_obs.telemetry import names
+from gym_obs.telemetry._exemplars import current_recorded_span
 from gym_obs.telemetry._state import STATE
 from gym_obs.telemetry.genai import (
     ReplyFacts,
@@ -422,16 +422,29 @@ def _internal_failure() -> None:
 
 
 def _server_span() -> Span | None:
-    span = trace.get_current_span()
-    if span.is_recording() and getattr(span, "kind", None) is SpanKind.SERVER:
+    span = current_recorded_span()
+    if span is not None and span.is_recording() and getattr(span, "kind", None) is SpanKind.SERVER:
         return span
     return None
 
 
-#: The span attribute of a single finish reason: one shared tuple per reason, so the span's attribute dict
-#: holds nothing new the garbage collector has to track (a new tuple per call made every SERVER span's dict
-#: a tracked container, and the spans a batch processor holds pushed the collector into full collections).
+#: The span attribute of a single finish reason: one shared tuple per reason, so the SERVER span's attribute
+#: dict holds no new container (a fresh tuple per call made the dict and the tuple two more objects the
+#: garbage collector walks for as long as a span processor holds the span).
 _ONE_FINISH: Final = {reason: (reason,) for reason in names.GEN_AI_FINISH_REASONS}
+
+#: The SERVER span's attributes set only when known, in the order ``_span_attributes`` gives their values.
+_OPTIONAL_SPAN_KEYS: Final = (
+    names.ATTR_GEN_AI_PROVIDER_NAME,
+    names.ATTR_GEN_AI_REQUEST_MODEL,
+    names.ATTR_GEN_AI_RESPONSE_MODEL,
+    names.ATTR_GEN_AI_RESPONSE_ID,
+    names.ATTR_GEN_AI_USAGE_INPUT_TOKENS,
+    names.ATTR_GEN_AI_USAGE_OUTPUT_TOKENS,
+    names.ATTR_GEN_AI_USAGE_REASONING_TOKENS,
+    names.ATTR_GEN_AI_USAGE_CACHED_INPUT_TOKENS,
+    names.ATTR_GEN_AI_UNPARSABLE_REASON,
+)
 
 
 class _Labels:
@@ -559,24 +572,20 @@ class ModelCallMiddleware:
             names.ATTR_GEN_AI_OUTCOME: outcome,
             names.ATTR_GEN_AI_STREAMED: call.sse is not None,
         }
-        if self.provider is not None:
-            attributes[names.ATTR_GEN_AI_PROVIDER_NAME] = self.provider
-        if call.request_model is not None:
-            attributes[names.ATTR_GEN_AI_REQUEST_MODEL] = call.request_model
-        if facts.response_model is not None:
-            attributes[names.ATTR_GEN_AI_RESPONSE_MODEL] = facts.response_model
-        if facts.response_id is not None:
-            attributes[names.ATTR_GEN_AI_RESPONSE_ID] = facts.response_id
-        if facts.input_tokens is not None:
-            attributes[names.ATTR_GEN_AI_USAGE_INPUT_TOKENS] = facts.input_tokens
-        if facts.output_tokens is not None:
-            attributes[names.ATTR_GEN_AI_USAGE_OUTPUT_TOKENS] = facts.output_tokens
-        if facts.reasoning_tokens is not None:
-            attributes[names.ATTR_GEN_AI_USAGE_REASONING_TOKENS] = facts.reasoning_tokens
-        if facts.cached_input_tokens is not None:
-            attributes[names.ATTR_GEN_AI_USAGE_CACHED_INPUT_TOKENS] = facts.cached_input_tokens
-        if problem is not None:
-            attributes[names.ATTR_GEN_AI_UNPARSABLE_REASON] = problem
+        values = (
+            self.provider,
+            call.request_model,
+            facts.response_model,
+            facts.response_id,
+            facts.input_tokens,
+            facts.output_tokens,
+            facts.reasoning_tokens,
+            facts.cached_input_tokens,
+            problem,
+        )
+        for key, value in zip(_OPTIONAL_SPAN_KEYS, values, strict=True):
+            if value is not None:
+                attributes[key] = value
         if reasons:
             one = _ONE_FINISH.get(reasons[0]) if len(reasons) == 1 else None
             attributes[names.ATTR_GEN_AI_RESPONSE_FINISH_REASONS] = one or tuple(reasons)

@@ -34,7 +34,13 @@ from opentelemetry.trace import (
 )
 from opentelemetry.util.types import Attributes
 
-__all__ = ["ExemplarSampler", "RecordedSpanExemplarFilter", "exemplar_filter", "exemplar_sampler"]
+__all__ = [
+    "ExemplarSampler",
+    "RecordedSpanExemplarFilter",
+    "current_recorded_span",
+    "exemplar_filter",
+    "exemplar_sampler",
+]
 
 ENV_EXEMPLAR_FILTER: Final = "OTEL_METRICS_EXEMPLAR_FILTER"
 
@@ -49,25 +55,66 @@ ExemplarSampler = Callable[[float, Attributes, Context | None], SpanContext | No
 # span type -> whether its instances are spans this process records (an SDK span) rather than a
 # NonRecordingSpan (no span, a bare remote parent, an unsampled one): decided once per type, not per point.
 _RECORDED_TYPES: dict[type, bool] = {}
+_NOTHING: Final = object()
 
 
-def _learn(kind: type) -> bool:
-    recorded = issubclass(kind, Span) and not issubclass(kind, NonRecordingSpan)
-    if len(_RECORDED_TYPES) < 64:  # span types are few; an odd caller cannot grow this
-        _RECORDED_TYPES[kind] = recorded
+def _span_in(context: Context | None) -> object:
+    return (get_current() if context is None else context).get(_SPAN_KEY)
+
+
+def _is_recorded(span: object) -> bool:
+    kind = type(span)
+    recorded = _RECORDED_TYPES.get(kind)
+    if recorded is None:
+        recorded = issubclass(kind, Span) and not issubclass(kind, NonRecordingSpan)
+        if len(_RECORDED_TYPES) < 64:  # span types are few; an odd caller cannot grow this
+            _RECORDED_TYPES[kind] = recorded
     return recorded
 
 
-def _recorded_span_context(
-    value: float, attributes: Attributes, context: Context | None
-) -> SpanContext | None:
-    """The current span's context when it is a sampled span of this process (ended or not), else None."""
-    span = (get_current() if context is None else context).get(_SPAN_KEY)
-    recorded = _RECORDED_TYPES.get(type(span))
-    if not (recorded if recorded is not None else _learn(type(span))):
+def current_recorded_span(context: Context | None = None) -> Span | None:
+    """The current span when it is one this process records (an SDK span, ended or not), else None; the
+    cheap form of ``get_current_span()`` plus a recording check, for per-request hot paths."""
+    span = _span_in(context)
+    return span if _is_recorded(span) else None  # type: ignore[return-value]
+
+
+def _recorded(span: object) -> SpanContext | None:
+    """``span``'s context when it is a sampled span of this process, else None (gym's filter)."""
+    if not _is_recorded(span):
         return None
     span_context: SpanContext = span.get_span_context()  # type: ignore[attr-defined]
     return span_context if span_context.trace_flags & 1 else None
+
+
+def _sampled(span: object) -> SpanContext | None:
+    """The SDK's ``trace_based`` rule: any sampled span context, a remote parent's included."""
+    span_context = (span if isinstance(span, Span) else INVALID_SPAN).get_span_context()
+    return span_context if span_context.is_valid and span_context.trace_flags & 1 else None
+
+
+def _any(span: object) -> SpanContext | None:
+    """``always_on``: every measurement, with the span's ids when there is one."""
+    return (span if isinstance(span, Span) else INVALID_SPAN).get_span_context()
+
+
+def _per_span(answer: Callable[[object], SpanContext | None]) -> ExemplarSampler:
+    """A sampler that asks ``answer`` about the current span once per span: the points of one request are
+    measured under the same span, so every point after its first costs two dict lookups and an identity
+    test. (A span's answer never changes; the one span remembered is kept alive until the next.)"""
+    last: tuple[object, SpanContext | None] = (_NOTHING, None)
+
+    def sample(value: float, attributes: Attributes, context: Context | None) -> SpanContext | None:
+        nonlocal last
+        span = (get_current() if context is None else context).get(_SPAN_KEY)
+        seen = last  # one read: another thread may replace it, never half of it
+        if seen[0] is span:
+            return seen[1]
+        found = answer(span)
+        last = (span, found)
+        return found
+
+    return sample
 
 
 class RecordedSpanExemplarFilter(ExemplarFilter):
@@ -77,7 +124,7 @@ class RecordedSpanExemplarFilter(ExemplarFilter):
     def should_sample(
         self, value: float, time_unix_nano: int, attributes: Attributes, context: Context
     ) -> bool:
-        return _recorded_span_context(value, attributes, context) is not None
+        return _recorded(_span_in(context)) is not None
 
 
 def exemplar_filter(tracing: bool, env: Mapping[str, str]) -> ExemplarFilter | None:
@@ -85,17 +132,6 @@ def exemplar_filter(tracing: bool, env: Mapping[str, str]) -> ExemplarFilter | N
     if env.get(ENV_EXEMPLAR_FILTER, "").strip():
         return None
     return RecordedSpanExemplarFilter() if tracing else AlwaysOffExemplarFilter()
-
-
-def _sampled_context(value: float, attributes: Attributes, context: Context | None) -> SpanContext | None:
-    """The SDK's ``trace_based`` rule: any sampled current span context, a remote parent's included."""
-    span_context = get_current_span(context).get_span_context()
-    return span_context if span_context.is_valid and span_context.trace_flags & 1 else None
-
-
-def _any_context(value: float, attributes: Attributes, context: Context | None) -> SpanContext | None:
-    """``always_on``: every measurement, with the current span's ids when there is one."""
-    return get_current_span(context).get_span_context()
 
 
 def exemplar_sampler(chosen: ExemplarFilter | None) -> ExemplarSampler | None:
@@ -107,11 +143,11 @@ def exemplar_sampler(chosen: ExemplarFilter | None) -> ExemplarSampler | None:
     if chosen is None or isinstance(chosen, AlwaysOffExemplarFilter):
         return None
     if type(chosen) is RecordedSpanExemplarFilter:
-        return _recorded_span_context
+        return _per_span(_recorded)
     if type(chosen) is TraceBasedExemplarFilter:
-        return _sampled_context
+        return _per_span(_sampled)
     if type(chosen) is AlwaysOnExemplarFilter:
-        return _any_context
+        return _per_span(_any)
     should_sample = chosen.should_sample
 
     def ask(value: float, attributes: Attributes, context: Context | None) -> SpanContext | None:

@@ -155,27 +155,30 @@ class Instruments:
 
     def histogram(self, name: str, unit: str, description: str) -> HistogramLike:
         """Histogram ``name`` with the registry's bucket boundaries: pre-aggregated where it can be."""
-        boundaries = _boundaries(name)
-        pre = self.pre
-        if pre is not None and pre.covers(name, unit, SdkHistogram):
-            return pre.histogram(name, unit, description, boundaries)
+        bounds, pre = _boundaries(name), self._pre(name, unit, SdkHistogram)
+        if pre is not None:
+            return pre.histogram(name, unit, description, bounds)
         return self.meter.create_histogram(
-            name, unit=unit, description=description, explicit_bucket_boundaries_advisory=list(boundaries)
+            name, unit=unit, description=description, explicit_bucket_boundaries_advisory=list(bounds)
         )
 
     def counter(self, name: str, unit: str, description: str) -> CounterLike:
         """Monotonic counter ``name``: pre-aggregated where it can be."""
-        pre = self.pre
-        if pre is not None and pre.covers(name, unit, SdkCounter):
-            return pre.counter(name, unit, description)
-        return self.meter.create_counter(name, unit=unit, description=description)
+        pre = self._pre(name, unit, SdkCounter)
+        made = pre.counter if pre is not None else self.meter.create_counter
+        return made(name, unit, description)
 
     def up_down_counter(self, name: str, unit: str, description: str) -> UpDownCounterLike:
         """Up-down counter ``name``: pre-aggregated where it can be."""
+        pre = self._pre(name, unit, SdkUpDownCounter)
+        made = pre.up_down_counter if pre is not None else self.meter.create_up_down_counter
+        return made(name, unit, description)
+
+    def _pre(self, name: str, unit: str, kind: type) -> PreAggregation | None:
+        """The pre-aggregation to create ``name`` in, or None: the SDK's instrument (no SDK meter, or a
+        configured view could select it)."""
         pre = self.pre
-        if pre is not None and pre.covers(name, unit, SdkUpDownCounter):
-            return pre.up_down_counter(name, unit, description)
-        return self.meter.create_up_down_counter(name, unit=unit, description=description)
+        return pre if pre is not None and pre.covers(name, unit, kind) else None
 
 
 _LOCK: Final = threading.Lock()

@@ -149,8 +149,13 @@ class _Instrument:
             self._by_id[id(attributes)] = (attributes, series)
             return series
 
-    def _keep(self, series: _Series, slot: int, amount: float, span_context: SpanContext) -> None:
-        """Keep an exemplar in ``slot`` (the last eligible measurement wins); called under the lock."""
+    def _offer(
+        self, series: _Series, slot: int, amount: float, attributes: Attributes, context: Context | None
+    ) -> None:
+        """Offer the measurement as ``slot``'s exemplar (the last eligible one wins); under the lock."""
+        span_context = self._sample(amount, attributes, context)  # type: ignore[misc]
+        if span_context is None:
+            return
         kept = series.kept
         if kept is None:
             kept = series.kept = [None] * self._slots
@@ -176,23 +181,12 @@ class PreAggregatedHistogram(_Instrument):
     def record(
         self, amount: float, attributes: Attributes = None, context: Context | None = None
     ) -> None:
-        sample = self._sample
-        exemplar = None if sample is None else sample(amount, attributes, context)
-        self.record_sampled(amount, attributes, exemplar)
-
-    def record_sampled(self, amount: float, attributes: Attributes, exemplar: SpanContext | None) -> None:
-        """``record`` with the exemplar decision already made (:meth:`PreAggregation.sample`): for a caller
-        that records several points under the same span."""
         if not 0 <= amount < _INF:  # the SDK drops negative and non-finite values too
             return
         entry = self._by_id.get(id(attributes))
-        if entry is not None and entry[0] is attributes:
-            series: _Series | None = entry[1]
-        else:
-            series = self._series(attributes)
-            if series is None:
-                return
-        assert series is not None
+        series = entry[1] if entry is not None and entry[0] is attributes else self._series(attributes)
+        if series is None:
+            return
         index = bisect_left(self.boundaries, amount)  # upper-inclusive buckets, as the SDK's
         with self._lock:
             series.counts[index] += 1
@@ -203,8 +197,8 @@ class PreAggregatedHistogram(_Instrument):
                 series.window_min = amount
             if amount > series.window_max:
                 series.window_max = amount
-            if exemplar is not None:
-                self._keep(series, index, amount, exemplar)
+            if self._sample is not None:
+                self._offer(series, index, amount, attributes, context)
 
 
 class PreAggregatedCounter(_Instrument):
@@ -215,27 +209,17 @@ class PreAggregatedCounter(_Instrument):
     _floor: ClassVar[float] = 0  # the SDK drops a negative increment of a counter
 
     def add(self, amount: float, attributes: Attributes = None, context: Context | None = None) -> None:
-        sample = self._sample
-        exemplar = None if sample is None else sample(amount, attributes, context)
-        self.add_sampled(amount, attributes, exemplar)
-
-    def add_sampled(self, amount: float, attributes: Attributes, exemplar: SpanContext | None) -> None:
-        """``add`` with the exemplar decision already made (:meth:`PreAggregation.sample`)."""
         if not self._floor <= amount < _INF:
             return
         entry = self._by_id.get(id(attributes))
-        if entry is not None and entry[0] is attributes:
-            series: _Series | None = entry[1]
-        else:
-            series = self._series(attributes)
-            if series is None:
-                return
-        assert series is not None
+        series = entry[1] if entry is not None and entry[0] is attributes else self._series(attributes)
+        if series is None:
+            return
         with self._lock:
             series.count += 1
             series.sum += amount
-            if exemplar is not None:
-                self._keep(series, 0, amount, exemplar)
+            if self._sample is not None:
+                self._offer(series, 0, amount, attributes, context)
 
 
 class PreAggregatedUpDownCounter(PreAggregatedCounter):
@@ -312,15 +296,6 @@ class PreAggregation:
         created = kind(self, name, unit, description)
         self._instruments[name] = created
         return created
-
-    def sample(self, context: Context | None = None) -> SpanContext | None:
-        """The exemplar decision for measurements made now (for ``record_sampled`` / ``add_sampled``).
-
-        Decided without a value: exact for the SDK's filters and gym's (none looks at the value); a custom
-        filter is asked with the value 0.
-        """
-        sample = self.sampler
-        return None if sample is None else sample(0, None, context)
 
     def metrics_for(self, reader: Any) -> list[Metric]:
         """Metric data for ``reader`` in the temporality it prefers (per instrument kind)."""
