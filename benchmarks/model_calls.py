@@ -129,8 +129,11 @@ def build_layer_app(layer: bool) -> Any:
 
     from gym_obs.server.model_calls import ModelCallMiddleware
 
+    from gym_obs.telemetry import names
+
     streams = {n: _events(n) for n in (1, 100)}
-    tracer = trace.get_tracer("bench")
+    # gym's scope, as the native SERVER span layer's: the span ends when the app returns, as there
+    tracer = trace.get_tracer(names.INSTRUMENTATION_SCOPE)
     json_start = {
         "type": "http.response.start",
         "status": 200,

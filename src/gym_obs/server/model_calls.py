@@ -130,7 +130,9 @@ class _Call:
         "_receive",
         "_send",
         "complete",
+        "deferred",
         "disconnected",
+        "ended",
         "facts",
         "first_token_at",
         "head_bytes",
@@ -168,7 +170,10 @@ class _Call:
         self._receive = receive
         self._send = send
         self.span = span
-        self.started = time.perf_counter()
+        # Recorded after the app returns when the SERVER span ends then (gym's own) or there is none;
+        # else (contrib's span ends with the last body message) just before the end of the body goes out.
+        self.deferred = span is None or _ends_with_the_app(span)
+        self.started = self.ended = time.perf_counter()
         self.mode = _WAITING
         self.status = 0
         self.complete = self.disconnected = self.recorded = False
@@ -199,20 +204,26 @@ class _Call:
             if message["type"] != _BODY:
                 return self._send(message)
             self.tail.append(message.get("body", b""))  # type: ignore[union-attr]
-            return self._last(message)
+            return self._final(message)
         try:
             self._inspect(message)
         except Exception:
             _internal_failure()
             self.mode = _PASS
         if message["type"] == _BODY and not message.get("more_body", False):
-            return self._last(message)
+            return self._final(message)
         return self._send(message)
 
-    async def _last(self, message: Message) -> None:
-        """The final body message: its bytes go out first, then the reply is read and the SERVER span told
-        (it ends when the end of the body passes), then the end of the body goes out."""
+    def _final(self, message: Message) -> Awaitable[None]:
+        """The final body message: the reply is complete when it goes out (the call's duration ends here).
+        A deferred call is read and recorded after the app returns; otherwise see :meth:`_split`."""
         self.complete = True
+        self.ended = time.perf_counter()
+        return self._send(message) if self.deferred else self._split(message)
+
+    async def _split(self, message: Message) -> None:
+        """For a SERVER span that ends when the end of the body passes: the final bytes go out first, then
+        the reply is read and the span told, then the end of the body goes out."""
         body = message.get("body", b"")
         if body:
             await self._send({"type": _BODY, "body": body, "more_body": True})
@@ -360,6 +371,8 @@ class _Call:
         return bool(rest.strip())
 
     def outcome(self, error: BaseException | None) -> str:
+        if self.complete:  # the whole reply went out: what the app did after it is not the call's outcome
+            error = None
         if error is not None:
             if isinstance(error, asyncio.CancelledError) or self.disconnected or _is_disconnect(error):
                 return names.GEN_AI_OUTCOME_CANCELLED
@@ -419,6 +432,13 @@ def _internal_failure() -> None:
     if not _failed_once:
         _failed_once = True
         _log.warning("model-call telemetry failed; the reply is unaffected", exc_info=True)
+
+
+def _ends_with_the_app(span: Span) -> bool:
+    """Whether ``span`` is gym's own SERVER span, which ends when the app returns (contrib's ends with the
+    last body message)."""
+    scope = getattr(span, "instrumentation_scope", None)
+    return getattr(scope, "name", None) == names.INSTRUMENTATION_SCOPE
 
 
 def _server_span() -> Span | None:
@@ -535,7 +555,7 @@ class ModelCallMiddleware:
     def _record(self, call: _Call, error: BaseException | None, instruments: Instruments) -> None:
         """Metrics and SERVER-span attributes of one call (once: at its last byte, else when it ended)."""
         call.recorded = True
-        ended = time.perf_counter()
+        ended = call.ended if call.complete else time.perf_counter()
         outcome = call.outcome(error)
         call.read_reply()
         facts = call.facts

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from typing import Final
 
+from opentelemetry import context as otel_context
 from opentelemetry.context import Context, get_current
+from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
 from opentelemetry.sdk.metrics import (
     AlwaysOffExemplarFilter,
     AlwaysOnExemplarFilter,
@@ -58,8 +61,22 @@ _RECORDED_TYPES: dict[type, bool] = {}
 _NOTHING: Final = object()
 
 
+def _context_getter() -> Callable[[], Context]:
+    """``opentelemetry.context.get_current`` without its two Python frames where the runtime context is the
+    SDK's default (contextvars) one: that ContextVar's ``get`` (the one API-internal read; any other runtime
+    context, or another layout, gets the public function)."""
+    runtime = getattr(otel_context, "_RUNTIME_CONTEXT", None)
+    var = getattr(runtime, "_current_context", None)
+    if type(runtime) is ContextVarsRuntimeContext and isinstance(var, ContextVar):
+        return var.get
+    return get_current
+
+
+_current_context: Final = _context_getter()
+
+
 def _span_in(context: Context | None) -> object:
-    return (get_current() if context is None else context).get(_SPAN_KEY)
+    return (_current_context() if context is None else context).get(_SPAN_KEY)
 
 
 def _is_recorded(span: object) -> bool:
@@ -106,7 +123,7 @@ def _per_span(answer: Callable[[object], SpanContext | None]) -> ExemplarSampler
 
     def sample(value: float, attributes: Attributes, context: Context | None) -> SpanContext | None:
         nonlocal last
-        span = (get_current() if context is None else context).get(_SPAN_KEY)
+        span = (_current_context() if context is None else context).get(_SPAN_KEY)
         seen = last  # one read: another thread may replace it, never half of it
         if seen[0] is span:
             return seen[1]

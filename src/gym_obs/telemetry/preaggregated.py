@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 from bisect import bisect_left
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from fnmatch import fnmatchcase
 from typing import Any, ClassVar, Final, TypeVar
@@ -74,6 +75,9 @@ MAX_SERIES: Final = 2048
 
 _INF: Final = float("inf")
 _LOWEST: Final = -sys.float_info.max
+#: Queued values per series before the measuring thread folds them into the totals.
+_FOLD_AT: Final = 64
+_time_ns: Final = time.time_ns
 _CUMULATIVE: Final = AggregationTemporality.CUMULATIVE
 _DELTA: Final = AggregationTemporality.DELTA
 
@@ -82,7 +86,8 @@ _Kept = tuple[float, int, SpanContext, int]
 
 
 class _Series:
-    """One attribute set's running totals (and, for delta readers, the window since the last export)."""
+    """One attribute set's running totals (and, for delta readers, the window since the last export), and
+    the measurements not yet folded into them."""
 
     __slots__ = (
         "attributes",
@@ -91,6 +96,7 @@ class _Series:
         "kept",
         "max",
         "min",
+        "pending",
         "start_ns",
         "sum",
         "window_max",
@@ -99,6 +105,8 @@ class _Series:
 
     def __init__(self, attributes: Mapping[str, Any] | None, buckets: int) -> None:
         self.attributes = dict(attributes) if attributes else {}
+        # a value, or (value, span context, time in ns) when it is an exemplar candidate
+        self.pending: deque[Any] = deque()
         self.counts = [0] * buckets
         self.count = 0
         self.sum: float = 0
@@ -107,19 +115,25 @@ class _Series:
         self.window_min = _INF
         self.window_max = -_INF
         self.start_ns = time.time_ns()
-        self.kept: list[_Kept | None] | None = None  # exemplar slots, made on the first eligible point
+        self.kept: list[_Kept | None] | None = None  # exemplar slots, made for the first candidate
 
 
 class _Instrument:
-    """The series lookup and the exemplar slots shared by every kind."""
+    """The measurement path shared by every kind: find the series, decide the exemplar, queue the value.
+
+    Why a queue: ``deque.append`` is atomic, so a measurement takes no lock and does no arithmetic; the
+    queue is folded into the totals (under the lock) when it reaches ``_FOLD_AT`` values, by the thread
+    that filled it, and at every collection, so it stays short whether or not a reader ever collects.
+    """
 
     __slots__ = ("_by_id", "_by_value", "_lock", "_owner", "_sample", "description", "name", "unit")
 
     #: The SDK instrument class whose temporality a reader asks for (and whose views would select this).
     sdk_kind: ClassVar[type]
-    #: Buckets of a series (a sum has none) and exemplar slots (a sum keeps one).
+    #: Buckets of a series (a sum has none).
     _buckets: int = 0
-    _slots: int = 1
+    #: The smallest value accepted (the SDK drops negative histogram values and counter increments).
+    _floor: ClassVar[float] = 0
 
     def __init__(self, owner: PreAggregation, name: str, unit: str, description: str) -> None:
         self.name = name
@@ -131,6 +145,28 @@ class _Instrument:
         # id(attributes dict) -> (the dict, kept alive so the id stays its own, series)
         self._by_id: dict[int, tuple[Attributes, _Series]] = {}
         self._by_value: dict[frozenset[tuple[str, Any]], _Series] = {}
+
+    def _measure(self, amount: float, attributes: Attributes = None, context: Context | None = None) -> None:
+        """``record`` / ``add``: the SDK's signature, values it would drop are dropped."""
+        if not self._floor <= amount < _INF:
+            return
+        entry = self._by_id.get(id(attributes))
+        series = entry[1] if entry is not None and entry[0] is attributes else self._series(attributes)
+        if series is None:
+            return
+        sample = self._sample
+        pending = series.pending
+        if sample is not None and (span_context := sample(amount, attributes, context)) is not None:
+            pending.append((amount, span_context, _time_ns()))  # an exemplar candidate
+        else:
+            pending.append(amount)
+        if len(pending) >= _FOLD_AT:
+            with self._lock:
+                self._fold(series)
+
+    def _fold(self, series: _Series) -> None:
+        """Fold ``series``' queued values into its totals; called under the lock."""
+        raise NotImplementedError
 
     def _series(self, attributes: Attributes) -> _Series | None:
         """The series of ``attributes`` (created on first use), or None: too many series, or unhashable."""
@@ -149,26 +185,19 @@ class _Instrument:
             self._by_id[id(attributes)] = (attributes, series)
             return series
 
-    def _offer(
-        self, series: _Series, slot: int, amount: float, attributes: Attributes, context: Context | None
-    ) -> None:
-        """Offer the measurement as ``slot``'s exemplar (the last eligible one wins); under the lock."""
-        span_context = self._sample(amount, attributes, context)  # type: ignore[misc]
-        if span_context is None:
-            return
-        kept = series.kept
-        if kept is None:
-            kept = series.kept = [None] * self._slots
-        kept[slot] = (amount, time.time_ns(), span_context, self._owner.generation)
-
     def snapshot(self) -> list[_Series]:
-        return list(self._by_value.values())
+        """Every series, its queue folded first; called under the lock."""
+        found = list(self._by_value.values())
+        for series in found:
+            if series.pending:
+                self._fold(series)
+        return found
 
 
 class PreAggregatedHistogram(_Instrument):
     """A histogram with explicit bucket boundaries, aggregated in-process (``record`` like the SDK's)."""
 
-    __slots__ = ("_buckets", "_slots", "boundaries")
+    __slots__ = ("_buckets", "boundaries")
     sdk_kind: ClassVar[type] = SdkHistogram
 
     def __init__(
@@ -176,29 +205,33 @@ class PreAggregatedHistogram(_Instrument):
     ) -> None:
         super().__init__(owner, name, unit, description)
         self.boundaries = tuple(float(b) for b in boundaries)
-        self._buckets = self._slots = len(self.boundaries) + 1
+        self._buckets = len(self.boundaries) + 1
 
-    def record(
-        self, amount: float, attributes: Attributes = None, context: Context | None = None
-    ) -> None:
-        if not 0 <= amount < _INF:  # the SDK drops negative and non-finite values too
-            return
-        entry = self._by_id.get(id(attributes))
-        series = entry[1] if entry is not None and entry[0] is attributes else self._series(attributes)
-        if series is None:
-            return
-        index = bisect_left(self.boundaries, amount)  # upper-inclusive buckets, as the SDK's
-        with self._lock:
-            series.counts[index] += 1
-            series.count += 1
-            series.sum += amount
+    record = _Instrument._measure
+
+    def _fold(self, series: _Series) -> None:
+        pending, boundaries, counts = series.pending, self.boundaries, series.counts
+        count, total, low, high = series.count, series.sum, series.window_min, series.window_max
+        kept, generation = series.kept, self._owner.generation
+        while pending:
+            value = pending.popleft()
+            if type(value) is tuple:  # the bucket keeps its last candidate, as the SDK's reservoir does
+                value, span_context, time_ns = value
+                index = bisect_left(boundaries, value)
+                if kept is None:
+                    kept = series.kept = [None] * len(counts)
+                kept[index] = (value, time_ns, span_context, generation)
+            else:
+                index = bisect_left(boundaries, value)  # upper-inclusive buckets, as the SDK's
+            counts[index] += 1
+            count += 1
+            total += value
             # only the window's extremes here; they are folded into the running ones at export
-            if amount < series.window_min:
-                series.window_min = amount
-            if amount > series.window_max:
-                series.window_max = amount
-            if self._sample is not None:
-                self._offer(series, index, amount, attributes, context)
+            if value < low:
+                low = value
+            if value > high:
+                high = value
+        series.count, series.sum, series.window_min, series.window_max = count, total, low, high
 
 
 class PreAggregatedCounter(_Instrument):
@@ -206,20 +239,20 @@ class PreAggregatedCounter(_Instrument):
 
     __slots__ = ()
     sdk_kind: ClassVar[type] = SdkCounter
-    _floor: ClassVar[float] = 0  # the SDK drops a negative increment of a counter
 
-    def add(self, amount: float, attributes: Attributes = None, context: Context | None = None) -> None:
-        if not self._floor <= amount < _INF:
-            return
-        entry = self._by_id.get(id(attributes))
-        series = entry[1] if entry is not None and entry[0] is attributes else self._series(attributes)
-        if series is None:
-            return
-        with self._lock:
-            series.count += 1
-            series.sum += amount
-            if self._sample is not None:
-                self._offer(series, 0, amount, attributes, context)
+    add = _Instrument._measure
+
+    def _fold(self, series: _Series) -> None:
+        pending = series.pending
+        count, total = series.count, series.sum
+        while pending:
+            value = pending.popleft()
+            if type(value) is tuple:  # the series keeps its last candidate
+                value, span_context, time_ns = value
+                series.kept = [(value, time_ns, span_context, self._owner.generation)]
+            count += 1
+            total += value
+        series.count, series.sum = count, total
 
 
 class PreAggregatedUpDownCounter(PreAggregatedCounter):
@@ -304,12 +337,14 @@ class PreAggregation:
         metrics: list[Metric] = []
         with self.lock:
             now = time.time_ns()
+            instruments = [(instrument, instrument.snapshot()) for instrument in self._instruments.values()]
+            # folded (above) in the generation that is ending: this collection's exemplars, not the next's
             since = view.generation
             self.generation += 1
             view.generation = self.generation
-            for instrument in list(self._instruments.values()):
+            for instrument, series in instruments:
                 temporality = _temporality(temporalities, instrument.sdk_kind)
-                metric = _metric(instrument, temporality, view, since, now)
+                metric = _metric(instrument, series, temporality, view, since, now)
                 if metric is not None:
                     metrics.append(metric)
         view.last_ns = now
@@ -372,12 +407,17 @@ def _temporality(temporalities: Mapping[type, AggregationTemporality], kind: typ
 
 
 def _metric(
-    instrument: _AnyInstrument, temporality: AggregationTemporality, view: _ReaderView, since: int, now: int
+    instrument: _AnyInstrument,
+    found: list[_Series],
+    temporality: AggregationTemporality,
+    view: _ReaderView,
+    since: int,
+    now: int,
 ) -> Metric | None:
     """One instrument's metric for one reader (None: no point to report); called under the lock."""
     histogram = isinstance(instrument, PreAggregatedHistogram)
     points: list[Any] = []
-    for series in instrument.snapshot():
+    for series in found:
         if histogram:
             series.min = min(series.min, series.window_min)
             series.max = max(series.max, series.window_max)
