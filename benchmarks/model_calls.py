@@ -128,7 +128,6 @@ def build_layer_app(layer: bool) -> Any:
     from opentelemetry import trace
 
     from gym_obs.server.model_calls import ModelCallMiddleware
-
     from gym_obs.telemetry import names
 
     streams = {n: _events(n) for n in (1, 100)}
