@@ -21,6 +21,8 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from itertools import compress, repeat
+from operator import is_not
 from typing import Any, Final
 
 from opentelemetry.trace import Span, SpanKind
@@ -124,38 +126,24 @@ def install_model_calls(
 
 
 class _Call:
-    """One model call: what was sent so far and the facts read from it."""
+    """One model call: what was sent so far and the facts read from it.
 
-    __slots__ = (
-        "_receive",
-        "_send",
-        "complete",
-        "deferred",
-        "disconnected",
-        "ended",
-        "facts",
-        "first_token_at",
-        "head_bytes",
-        "json_bytes",
-        "json_parts",
-        "mode",
-        "on_complete",
-        "operation",
-        "recorded",
-        "request_model",
-        "scanned",
-        "span",
-        "sse",
-        "started",
-        "status",
-        "tail",
-    )
+    No ``__slots__``: a call sets only what its reply's kind needs and reads the rest from these class-level
+    defaults (a JSON reply never touches the stream's fields), which is cheaper per call than setting all.
+    """
 
-    # set in _start for the reply's kind only (a call pays for its own kind)
+    complete = disconnected = recorded = False
+    status = 0
+    ended = 0.0  # when the final body message was handed on (set with ``complete``)
+    first_token_at: float | None = None
+    request_model: str | None = None
+    scanned = 0
+    sse: SseEvents | None = None  # a streamed reply's reader
+    tail: deque[bytes] | None = None
+    # set in _start for the reply's kind only
     json_parts: list[bytes]
     json_bytes: int
     head_bytes: int
-    tail: deque[bytes] | None
 
     def __init__(
         self,
@@ -170,18 +158,9 @@ class _Call:
         self._receive = receive
         self._send = send
         self.span = span
-        # Recorded after the app returns when the SERVER span ends then (gym's own) or there is none;
-        # else (contrib's span ends with the last body message) just before the end of the body goes out.
-        self.deferred = span is None or _ends_with_the_app(span)
-        self.started = self.ended = time.perf_counter()
+        self.started = time.perf_counter()
         self.mode = _WAITING
-        self.status = 0
-        self.complete = self.disconnected = self.recorded = False
         self.facts = ReplyFacts()
-        self.first_token_at: float | None = None
-        self.request_model: str | None = None
-        self.scanned = 0
-        self.sse: SseEvents | None = None  # a streamed reply's reader
 
     async def receive(self) -> Message:
         message = await self._receive()
@@ -197,7 +176,8 @@ class _Call:
 
     def send(self, message: Message) -> Awaitable[None]:
         """Look at ``message`` and pass it on untouched (the inner send's awaitable is returned as is)."""
-        if self.mode == _TAIL:  # the hot path of a stream: keep a reference to the body, nothing else
+        mode = self.mode
+        if mode == _TAIL:  # the hot path of a stream: keep a reference to the body, nothing else
             if message.get("more_body", False):
                 self.tail.append(message.get("body", b""))  # type: ignore[union-attr]
                 return self._send(message)
@@ -205,21 +185,34 @@ class _Call:
                 return self._send(message)
             self.tail.append(message.get("body", b""))  # type: ignore[union-attr]
             return self._final(message)
-        try:
-            self._inspect(message)
-        except Exception:
-            _internal_failure()
-            self.mode = _PASS
+        if mode == _JSON and message["type"] == _BODY:  # a JSON reply's body: kept, bounded
+            body = message.get("body", b"")
+            if body:
+                self.json_bytes += len(body)
+                if self.json_bytes <= MAX_JSON_BYTES:
+                    self.json_parts.append(body)
+                else:
+                    self._too_large()
+        else:
+            try:
+                self._inspect(message)
+            except Exception:
+                _internal_failure()
+                self.mode = _PASS
         if message["type"] == _BODY and not message.get("more_body", False):
             return self._final(message)
         return self._send(message)
 
     def _final(self, message: Message) -> Awaitable[None]:
         """The final body message: the reply is complete when it goes out (the call's duration ends here).
-        A deferred call is read and recorded after the app returns; otherwise see :meth:`_split`."""
+        Under gym's SERVER span (it ends when the app returns) or none, the reply is read and recorded after
+        the app returns; under another (contrib's ends with the last body message), see :meth:`_split`."""
         self.complete = True
         self.ended = time.perf_counter()
-        return self._send(message) if self.deferred else self._split(message)
+        span = self.span
+        if span is None or _ends_with_the_app(span):
+            return self._send(message)
+        return self._split(message)
 
     async def _split(self, message: Message) -> None:
         """For a SERVER span that ends when the end of the body passes: the final bytes go out first, then
@@ -235,6 +228,11 @@ class _Call:
         self.mode = _PASS
         await self._send(message)
 
+    def _too_large(self) -> None:
+        self.facts.flag(names.GEN_AI_UNPARSABLE_TOO_LARGE)
+        self.json_parts = []
+        self.mode = _PASS
+
     def _inspect(self, message: Message) -> None:
         kind = message["type"]
         if kind == _START:
@@ -242,18 +240,8 @@ class _Call:
             return
         if kind != _BODY:
             return
-        body: bytes = message.get("body", b"")
-        mode = self.mode
-        if mode == _JSON:
-            self.json_bytes += len(body)
-            if self.json_bytes > MAX_JSON_BYTES:
-                self.facts.flag(names.GEN_AI_UNPARSABLE_TOO_LARGE)
-                self.json_parts = []
-                self.mode = _PASS
-            elif body:
-                self.json_parts.append(body)
-        elif mode == _HEAD:
-            self._head(body)
+        if self.mode == _HEAD:
+            self._head(message.get("body", b""))
 
     def _start(self, message: Message) -> None:
         self.status = status = int(message.get("status", 200))
@@ -262,7 +250,7 @@ class _Call:
             return
         content_type = b""
         for key, value in message.get("headers", ()):
-            if key.lower() == _CONTENT_TYPE:
+            if key == _CONTENT_TYPE or key.lower() == _CONTENT_TYPE:
                 content_type = value.lower()
                 break
         if content_type.startswith(b"text/event-stream"):
@@ -453,6 +441,8 @@ def _server_span() -> Span | None:
 #: garbage collector walks for as long as a span processor holds the span).
 _ONE_FINISH: Final = {reason: (reason,) for reason in names.GEN_AI_FINISH_REASONS}
 
+_NONES: Final = repeat(None)  # for ``map(is_not, values, _NONES)``: which values are known, in C
+
 #: The SERVER span's attributes set only when known, in the order ``_span_attributes`` gives their values.
 _OPTIONAL_SPAN_KEYS: Final = (
     names.ATTR_GEN_AI_PROVIDER_NAME,
@@ -467,21 +457,69 @@ _OPTIONAL_SPAN_KEYS: Final = (
 )
 
 
-class _Labels:
-    """The metric attribute dicts of one label combination, built once: one per outcome, token type, finish
-    reason and unparsable reason (each a fixed set), so a call builds no dict and no cache key per point."""
+def _handle(instrument: Any, attributes: dict[str, Any]) -> Any:
+    """``instrument``'s point for ``attributes``: a pre-aggregated instrument's bound series (for
+    ``PreAggregation.add_all``), else a function recording to the SDK instrument (which decides its own
+    exemplar)."""
+    bind = getattr(instrument, "bind", None)
+    series = bind(attributes) if bind is not None else None
+    if series is not None:
+        return series
+    measure = getattr(instrument, "record", None) or instrument.add
+    return lambda value: measure(value, attributes)
 
-    __slots__ = ("base", "by_finish", "by_outcome", "by_reason", "by_token")
 
-    def __init__(self, base: dict[str, Any]) -> None:
-        self.base = base
-        self.by_outcome = self._each(names.ATTR_GEN_AI_OUTCOME, names.GEN_AI_OUTCOMES)
-        self.by_token = self._each(names.ATTR_GEN_AI_TOKEN_TYPE, names.GEN_AI_TOKEN_TYPES)
-        self.by_finish = self._each(names.ATTR_GEN_AI_RESPONSE_FINISH_REASONS, names.GEN_AI_FINISH_REASONS)
-        self.by_reason = self._each(names.ATTR_GEN_AI_UNPARSABLE_REASON, names.GEN_AI_UNPARSABLE_REASONS)
+def _each(instrument: Any, base: dict[str, Any], key: str) -> dict[str, Any]:
+    """A point per value of ``key`` (a fixed set)."""
+    return {value: _handle(instrument, {**base, key: value}) for value in _VALUES[key]}
 
-    def _each(self, key: str, values: Sequence[str]) -> dict[str, dict[str, Any]]:
-        return {value: {**self.base, key: value} for value in values}
+
+class _Points:
+    """The metric points of one label combination on one set of instruments, made once: one per outcome,
+    token type, finish reason and unparsable reason (each a fixed set), so a call builds no attribute dict
+    and finds no series; ``emit`` records a call's measurements (``(point, value, exemplar)``) at once."""
+
+    __slots__ = ("duration", "emit", "finishes", "instruments", "tokens", "ttft", "unparsable")
+
+    def __init__(self, instruments: Instruments, base: dict[str, Any]) -> None:
+        self.instruments = instruments
+        self.duration = _each(instruments.gen_ai_server_duration, base, names.ATTR_GEN_AI_OUTCOME)
+        self.ttft = _handle(instruments.gen_ai_server_ttft, base)
+        tokens = _each(instruments.gen_ai_server_tokens, base, names.ATTR_GEN_AI_TOKEN_TYPE)
+        self.tokens = tuple(tokens[token_type] for token_type in _TOKEN_ORDER)
+        finish, reason = names.ATTR_GEN_AI_RESPONSE_FINISH_REASONS, names.ATTR_GEN_AI_UNPARSABLE_REASON
+        self.finishes = _each(instruments.gen_ai_server_finishes, base, finish)
+        self.unparsable = _each(instruments.gen_ai_server_unparsable, base, reason)
+        every = [self.ttft, *self.duration.values(), *tokens.values()]
+        every += [*self.finishes.values(), *self.unparsable.values()]
+        pre = instruments.pre
+        self.emit: Callable[[list[tuple[Any, float, Any]]], None] = (
+            pre.add_all if pre is not None and not any(map(callable, every)) else self._each_alone
+        )
+
+    def _each_alone(self, measurements: list[tuple[Any, float, Any]]) -> None:
+        """Where some point is an SDK instrument's (a configured view selects it, or no SDK meter)."""
+        pre = self.instruments.pre
+        for point, value, exemplar in measurements:
+            if callable(point):
+                point(value)
+            elif pre is not None:
+                pre.add_all(((point, value, exemplar),))
+
+
+#: The token types in the order ``_record`` gives their counts.
+_TOKEN_ORDER: Final = (
+    names.GEN_AI_TOKEN_INPUT,
+    names.GEN_AI_TOKEN_OUTPUT,
+    names.GEN_AI_TOKEN_REASONING,
+    names.GEN_AI_TOKEN_CACHED_INPUT,
+)
+_VALUES: Final = {
+    names.ATTR_GEN_AI_OUTCOME: names.GEN_AI_OUTCOMES,
+    names.ATTR_GEN_AI_TOKEN_TYPE: names.GEN_AI_TOKEN_TYPES,
+    names.ATTR_GEN_AI_RESPONSE_FINISH_REASONS: names.GEN_AI_FINISH_REASONS,
+    names.ATTR_GEN_AI_UNPARSABLE_REASON: names.GEN_AI_UNPARSABLE_REASONS,
+}
 
 
 class ModelCallMiddleware:
@@ -500,8 +538,8 @@ class ModelCallMiddleware:
         self.provider = provider
         self.allowed_models = frozenset(model_allow_list)
         self._label_model = bool(self.allowed_models)
-        # (server name, operation, model label or None) -> its attribute dicts; bounded by the label rule
-        self._labels: dict[tuple[str, str, str | None], _Labels] = {}
+        # (server name, operation, model label or None) -> its points; bounded by the label rule
+        self._points: dict[tuple[str, str, str | None], _Points] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         operation = dialect_for_path(scope["path"]) if scope["type"] == "http" else None
@@ -529,7 +567,7 @@ class ModelCallMiddleware:
         if instruments is not None:
             self._record(call, None, instruments)
 
-    def _labels_for(self, call: _Call) -> _Labels:
+    def _points_for(self, call: _Call, instruments: Instruments) -> _Points:
         server = self.server_name or STATE.server_name or ""
         model: str | None = None
         if self._label_model:
@@ -537,8 +575,8 @@ class ModelCallMiddleware:
             if model not in self.allowed_models:
                 model = names.GEN_AI_MODEL_OTHER
         key = (server, call.operation, model)
-        labels = self._labels.get(key)
-        if labels is None:
+        points = self._points.get(key)
+        if points is None or points.instruments is not instruments:
             base: dict[str, Any] = {
                 names.ATTR_SERVER_NAME: server,
                 names.ATTR_GEN_AI_OPERATION_NAME: call.operation,
@@ -547,10 +585,10 @@ class ModelCallMiddleware:
                 base[names.ATTR_GEN_AI_PROVIDER_NAME] = self.provider
             if model is not None:
                 base[names.ATTR_GEN_AI_REQUEST_MODEL] = model
-            if len(self._labels) >= 1024:  # only a changing server name could get here
-                self._labels.clear()
-            labels = self._labels[key] = _Labels(base)
-        return labels
+            if len(self._points) >= 1024:  # only a changing server name could get here
+                self._points.clear()
+            points = self._points[key] = _Points(instruments, base)
+        return points
 
     def _record(self, call: _Call, error: BaseException | None, instruments: Instruments) -> None:
         """Metrics and SERVER-span attributes of one call (once: at its last byte, else when it ended)."""
@@ -559,26 +597,25 @@ class ModelCallMiddleware:
         outcome = call.outcome(error)
         call.read_reply()
         facts = call.facts
-        labels = self._labels_for(call)
-        instruments.gen_ai_server_duration.record(ended - call.started, labels.by_outcome[outcome])
+        points = self._points_for(call, instruments)
+        # Exemplars (one decision for the call) on the latency points, where a dashboard links a slow call to
+        # its trace; the token and finish counts go without (the SERVER span carries them too).
+        pre = instruments.pre
+        exemplar = pre.exemplar() if pre is not None else None
+        measurements = [(points.duration[outcome], ended - call.started, exemplar)]
         ok = outcome == names.GEN_AI_OUTCOME_OK
         if ok and call.first_token_at is not None:
-            instruments.gen_ai_server_ttft.record(call.first_token_at - call.started, labels.base)
-        tokens, by_token = instruments.gen_ai_server_tokens, labels.by_token
-        if facts.input_tokens is not None:
-            tokens.record(facts.input_tokens, by_token[names.GEN_AI_TOKEN_INPUT])
-        if facts.output_tokens is not None:
-            tokens.record(facts.output_tokens, by_token[names.GEN_AI_TOKEN_OUTPUT])
-        if facts.reasoning_tokens is not None:
-            tokens.record(facts.reasoning_tokens, by_token[names.GEN_AI_TOKEN_REASONING])
-        if facts.cached_input_tokens is not None:
-            tokens.record(facts.cached_input_tokens, by_token[names.GEN_AI_TOKEN_CACHED_INPUT])
+            measurements.append((points.ttft, call.first_token_at - call.started, exemplar))
+        counts = (facts.input_tokens, facts.output_tokens, facts.reasoning_tokens, facts.cached_input_tokens)
+        known = tuple(map(is_not, counts, _NONES))
+        measurements += zip(compress(points.tokens, known), compress(counts, known), _NONES, strict=False)  # type: ignore[arg-type]
         reasons = facts.finish_reasons
         for reason in reasons:  # normalised by genai: always one of the fixed set
-            instruments.gen_ai_server_finishes.add(1, labels.by_finish[reason])
+            measurements.append((points.finishes[reason], 1, None))
         problem = facts.problem if ok else None
         if problem is not None:
-            instruments.gen_ai_server_unparsable.add(1, labels.by_reason[problem])
+            measurements.append((points.unparsable[problem], 1, None))
+        points.emit(measurements)
         span = call.span
         if span is not None:
             set_trusted_attributes(span, self._span_attributes(call, outcome, problem, reasons))
@@ -603,9 +640,8 @@ class ModelCallMiddleware:
             facts.cached_input_tokens,
             problem,
         )
-        for key, value in zip(_OPTIONAL_SPAN_KEYS, values, strict=True):
-            if value is not None:
-                attributes[key] = value
+        known = map(is_not, values, _NONES)
+        attributes.update(compress(zip(_OPTIONAL_SPAN_KEYS, values, strict=True), known))
         if reasons:
             one = _ONE_FINISH.get(reasons[0]) if len(reasons) == 1 else None
             attributes[names.ATTR_GEN_AI_RESPONSE_FINISH_REASONS] = one or tuple(reasons)

@@ -88,7 +88,8 @@ def clean_name(value: object) -> str | None:
     """A model name or id fit for a span: a printable string of bounded length, else None."""
     if not isinstance(value, str) or not value:
         return None
-    value = value[:_MAX_NAME_CHARS]
+    if len(value) > _MAX_NAME_CHARS:
+        value = value[:_MAX_NAME_CHARS]
     return value if value.isprintable() else None
 
 
@@ -107,30 +108,20 @@ def model_from_request_body(body: bytes) -> str | None:
 
 
 class ReplyFacts:
-    """What one reply said. Counts are validated ints or None; ``problem`` is the first reason it failed."""
+    """What one reply said. Counts are validated ints or None; ``problem`` is the first reason it failed.
 
-    __slots__ = (
-        "_finish_by_index",
-        "cached_input_tokens",
-        "content_started",
-        "input_tokens",
-        "output_tokens",
-        "problem",
-        "reasoning_tokens",
-        "response_id",
-        "response_model",
-    )
+    The fields start as these class-level defaults (a reply sets only what it reports: cheaper per call).
+    """
 
-    def __init__(self) -> None:
-        self.input_tokens: int | None = None
-        self.output_tokens: int | None = None
-        self.reasoning_tokens: int | None = None
-        self.cached_input_tokens: int | None = None
-        self._finish_by_index: dict[int, str] | None = None  # made by the first finish reason
-        self.response_model: str | None = None
-        self.response_id: str | None = None
-        self.content_started = False
-        self.problem: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    cached_input_tokens: int | None = None
+    _finish_by_index: dict[int, str] | None = None  # made by the first finish reason
+    response_model: str | None = None
+    response_id: str | None = None
+    content_started = False
+    problem: str | None = None
 
     def flag(self, problem: str) -> None:
         """Remember why the reply could not be read fully (the first reason wins)."""
@@ -246,10 +237,12 @@ def _messages_usage(facts: ReplyFacts, usage: object) -> None:
 
 
 def _chat_choices(facts: ReplyFacts, choices: object) -> None:
-    if not isinstance(choices, list):
+    if type(choices) is not list:
         return
-    for position, choice in enumerate(choices[:_MAX_FINISH_REASONS]):
-        if not isinstance(choice, dict):
+    if len(choices) > _MAX_FINISH_REASONS:
+        choices = choices[:_MAX_FINISH_REASONS]
+    for position, choice in enumerate(choices):
+        if type(choice) is not dict:
             continue
         reason = choice.get("finish_reason")
         if reason is not None:
@@ -309,25 +302,31 @@ def facts_from_json(operation: str, body: bytes, facts: ReplyFacts | None = None
         facts.flag(names.GEN_AI_UNPARSABLE_MALFORMED)
         return facts
     try:
-        if not isinstance(data, dict):
+        if type(data) is not dict:  # what orjson makes of a JSON object
             facts.flag(names.GEN_AI_UNPARSABLE_MALFORMED)
         elif operation == names.GEN_AI_OPERATION_CHAT:
-            facts.note_model(data.get("model"))
-            facts.note_id(data.get("id"))
+            _identify(facts, data)
             _chat_choices(facts, data.get("choices"))
             _openai_usage(facts, data.get("usage"), _CHAT_USAGE)
         elif operation == names.GEN_AI_OPERATION_RESPONSES:
             _responses_object(facts, data)
         else:
-            facts.note_model(data.get("model"))
-            facts.note_id(data.get("id"))
+            _identify(facts, data)
             _messages_stop(facts, data.get("stop_reason"))
             _messages_usage(facts, data.get("usage"))
     except Exception:  # pragma: no cover - every access above is type-checked; defensive
         facts.flag(names.GEN_AI_UNPARSABLE_MALFORMED)
-    if facts.problem is None and not facts.has_usage:
+    if facts.problem is None and facts.input_tokens is None and facts.output_tokens is None:
         facts.flag(names.GEN_AI_UNPARSABLE_MISSING_USAGE)
     return facts
+
+
+def _identify(facts: ReplyFacts, reply: dict[str, Any]) -> None:
+    """The reply's model and id (the first ones seen win)."""
+    if facts.response_model is None:
+        facts.response_model = clean_name(reply.get("model"))
+    if facts.response_id is None:
+        facts.response_id = clean_name(reply.get("id"))
 
 
 # --- streamed replies --------------------------------------------------------------------------------------

@@ -4,7 +4,9 @@ Why: the SDK's ``Histogram.record`` / ``Counter.add`` cost several microseconds 
 object, the attributes hashed into a frozenset once per reader, a lock per storage, the exemplar filter and
 reservoir); every HTTP hop records one or two points and a model call four to six. These instruments keep
 one small state per attribute set (bucket counts, sum, count, min, max) and cost a dict lookup, a bisect,
-a lock and, when the point is eligible, an exemplar slot per measurement.
+a lock and, when the point is eligible, an exemplar slot per measurement. A caller that records several
+points under one span to fixed label combinations binds them once (:meth:`_Instrument.bind`) and decides
+the exemplar once (:meth:`PreAggregation.exemplar`).
 
 What they keep of the SDK path:
 
@@ -33,14 +35,13 @@ import sys
 import threading
 import time
 from bisect import bisect_left
-from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from fnmatch import fnmatchcase
 from typing import Any, ClassVar, Final, TypeVar
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.metrics import Counter as SdkCounter
-from opentelemetry.sdk.metrics import Exemplar
+from opentelemetry.sdk.metrics import Exemplar as SdkExemplar
 from opentelemetry.sdk.metrics import Histogram as SdkHistogram
 from opentelemetry.sdk.metrics import UpDownCounter as SdkUpDownCounter
 from opentelemetry.sdk.metrics.export import (
@@ -61,6 +62,7 @@ from opentelemetry.util.types import Attributes
 from gym_obs.telemetry._exemplars import ExemplarSampler, exemplar_sampler
 
 __all__ = [
+    "Measurement",
     "PreAggregatedCounter",
     "PreAggregatedHistogram",
     "PreAggregatedUpDownCounter",
@@ -75,39 +77,45 @@ MAX_SERIES: Final = 2048
 
 _INF: Final = float("inf")
 _LOWEST: Final = -sys.float_info.max
-#: Queued values per series before the measuring thread folds them into the totals.
-_FOLD_AT: Final = 64
 _time_ns: Final = time.time_ns
 _CUMULATIVE: Final = AggregationTemporality.CUMULATIVE
 _DELTA: Final = AggregationTemporality.DELTA
 
-#: One kept exemplar: (value, time in ns, the span context it points to, the collection generation).
-_Kept = tuple[float, int, SpanContext, int]
+#: An exemplar decision: the span context the exemplar points to and the measurement's time in ns.
+Exemplar = tuple[SpanContext, int]
+#: One kept exemplar: (value, its decision, the collection generation it was made in).
+_Kept = tuple[float, Exemplar, int]
 
 
 class _Series:
-    """One attribute set's running totals (and, for delta readers, the window since the last export), and
-    the measurements not yet folded into them."""
+    """One attribute set's running totals (and, for delta readers, the window since the last export).
+
+    A histogram's series has its instrument's ``boundaries``; a sum's has None and a ``floor`` (the smallest
+    value it takes), so :meth:`PreAggregation.add_all` adds to either without asking the instrument.
+    """
 
     __slots__ = (
         "attributes",
+        "boundaries",
         "count",
         "counts",
+        "floor",
         "kept",
         "max",
         "min",
-        "pending",
         "start_ns",
         "sum",
         "window_max",
         "window_min",
     )
 
-    def __init__(self, attributes: Mapping[str, Any] | None, buckets: int) -> None:
+    def __init__(
+        self, attributes: Mapping[str, Any] | None, boundaries: tuple[float, ...] | None, floor: float
+    ) -> None:
         self.attributes = dict(attributes) if attributes else {}
-        # a value, or (value, span context, time in ns) when it is an exemplar candidate
-        self.pending: deque[Any] = deque()
-        self.counts = [0] * buckets
+        self.boundaries = boundaries
+        self.floor = floor
+        self.counts = [0] * (len(boundaries) + 1 if boundaries is not None else 0)
         self.count = 0
         self.sum: float = 0
         self.min = _INF
@@ -115,25 +123,33 @@ class _Series:
         self.window_min = _INF
         self.window_max = -_INF
         self.start_ns = time.time_ns()
-        self.kept: list[_Kept | None] | None = None  # exemplar slots, made for the first candidate
+        self.kept: list[_Kept | None] | None = None  # exemplar slots, made for the first exemplar
+
+
+#: A measurement for :meth:`PreAggregation.add_all`: (bound series, value, exemplar decision or None).
+Measurement = tuple[_Series, float, "Exemplar | None"]
 
 
 class _Instrument:
-    """The measurement path shared by every kind: find the series, decide the exemplar, queue the value.
+    """The measurement path shared by every kind: find the series, decide the exemplar, add."""
 
-    Why a queue: ``deque.append`` is atomic, so a measurement takes no lock and does no arithmetic; the
-    queue is folded into the totals (under the lock) when it reaches ``_FOLD_AT`` values, by the thread
-    that filled it, and at every collection, so it stays short whether or not a reader ever collects.
-    """
-
-    __slots__ = ("_by_id", "_by_value", "_lock", "_owner", "_sample", "description", "name", "unit")
+    __slots__ = (
+        "_add_all",
+        "_by_id",
+        "_by_value",
+        "_lock",
+        "_owner",
+        "_sample",
+        "description",
+        "name",
+        "unit",
+    )
 
     #: The SDK instrument class whose temporality a reader asks for (and whose views would select this).
     sdk_kind: ClassVar[type]
-    #: Buckets of a series (a sum has none).
-    _buckets: int = 0
-    #: The smallest value accepted (the SDK drops negative histogram values and counter increments).
+    #: The smallest value taken (the SDK drops negative histogram values and counter increments).
     _floor: ClassVar[float] = 0
+    boundaries: tuple[float, ...] | None = None
 
     def __init__(self, owner: PreAggregation, name: str, unit: str, description: str) -> None:
         self.name = name
@@ -141,32 +157,27 @@ class _Instrument:
         self.description = description
         self._owner = owner
         self._lock = owner.lock
+        self._add_all = owner.add_all
         self._sample: ExemplarSampler | None = owner.sampler
         # id(attributes dict) -> (the dict, kept alive so the id stays its own, series)
         self._by_id: dict[int, tuple[Attributes, _Series]] = {}
         self._by_value: dict[frozenset[tuple[str, Any]], _Series] = {}
 
     def _measure(self, amount: float, attributes: Attributes = None, context: Context | None = None) -> None:
-        """``record`` / ``add``: the SDK's signature, values it would drop are dropped."""
-        if not self._floor <= amount < _INF:
-            return
+        """``record`` / ``add``: the SDK's signature; values it would drop are dropped."""
         entry = self._by_id.get(id(attributes))
         series = entry[1] if entry is not None and entry[0] is attributes else self._series(attributes)
         if series is None:
             return
         sample = self._sample
-        pending = series.pending
-        if sample is not None and (span_context := sample(amount, attributes, context)) is not None:
-            pending.append((amount, span_context, _time_ns()))  # an exemplar candidate
-        else:
-            pending.append(amount)
-        if len(pending) >= _FOLD_AT:
-            with self._lock:
-                self._fold(series)
+        span_context = None if sample is None else sample(amount, attributes, context)
+        self._add_all(((series, amount, None if span_context is None else (span_context, _time_ns())),))
 
-    def _fold(self, series: _Series) -> None:
-        """Fold ``series``' queued values into its totals; called under the lock."""
-        raise NotImplementedError
+    def bind(self, attributes: Attributes) -> _Series | None:
+        """The series of ``attributes``, for a caller that records several points at once, each to a fixed
+        label combination (:meth:`PreAggregation.add_all`); None: no series can be made for them. A series
+        is exported from its first measurement on, as the SDK's are."""
+        return self._series(attributes)
 
     def _series(self, attributes: Attributes) -> _Series | None:
         """The series of ``attributes`` (created on first use), or None: too many series, or unhashable."""
@@ -179,25 +190,20 @@ class _Instrument:
             if series is None:
                 if len(self._by_value) >= MAX_SERIES:
                     return None
-                series = self._by_value[key] = _Series(attributes, self._buckets)
+                series = self._by_value[key] = _Series(attributes, self.boundaries, self._floor)
             if len(self._by_id) >= _MAX_IDENTITIES:
                 self._by_id.clear()
             self._by_id[id(attributes)] = (attributes, series)
             return series
 
     def snapshot(self) -> list[_Series]:
-        """Every series, its queue folded first; called under the lock."""
-        found = list(self._by_value.values())
-        for series in found:
-            if series.pending:
-                self._fold(series)
-        return found
+        return list(self._by_value.values())
 
 
 class PreAggregatedHistogram(_Instrument):
     """A histogram with explicit bucket boundaries, aggregated in-process (``record`` like the SDK's)."""
 
-    __slots__ = ("_buckets", "boundaries")
+    __slots__ = ("boundaries",)
     sdk_kind: ClassVar[type] = SdkHistogram
 
     def __init__(
@@ -205,33 +211,8 @@ class PreAggregatedHistogram(_Instrument):
     ) -> None:
         super().__init__(owner, name, unit, description)
         self.boundaries = tuple(float(b) for b in boundaries)
-        self._buckets = len(self.boundaries) + 1
 
     record = _Instrument._measure
-
-    def _fold(self, series: _Series) -> None:
-        pending, boundaries, counts = series.pending, self.boundaries, series.counts
-        count, total, low, high = series.count, series.sum, series.window_min, series.window_max
-        kept, generation = series.kept, self._owner.generation
-        while pending:
-            value = pending.popleft()
-            if type(value) is tuple:  # the bucket keeps its last candidate, as the SDK's reservoir does
-                value, span_context, time_ns = value
-                index = bisect_left(boundaries, value)
-                if kept is None:
-                    kept = series.kept = [None] * len(counts)
-                kept[index] = (value, time_ns, span_context, generation)
-            else:
-                index = bisect_left(boundaries, value)  # upper-inclusive buckets, as the SDK's
-            counts[index] += 1
-            count += 1
-            total += value
-            # only the window's extremes here; they are folded into the running ones at export
-            if value < low:
-                low = value
-            if value > high:
-                high = value
-        series.count, series.sum, series.window_min, series.window_max = count, total, low, high
 
 
 class PreAggregatedCounter(_Instrument):
@@ -241,18 +222,6 @@ class PreAggregatedCounter(_Instrument):
     sdk_kind: ClassVar[type] = SdkCounter
 
     add = _Instrument._measure
-
-    def _fold(self, series: _Series) -> None:
-        pending = series.pending
-        count, total = series.count, series.sum
-        while pending:
-            value = pending.popleft()
-            if type(value) is tuple:  # the series keeps its last candidate
-                value, span_context, time_ns = value
-                series.kept = [(value, time_ns, span_context, self._owner.generation)]
-            count += 1
-            total += value
-        series.count, series.sum = count, total
 
 
 class PreAggregatedUpDownCounter(PreAggregatedCounter):
@@ -330,6 +299,45 @@ class PreAggregation:
         self._instruments[name] = created
         return created
 
+    def add_all(self, measurements: Iterable[Measurement]) -> None:
+        """Add measurements to their bound series under one lock acquisition: the one place a value meets
+        its totals (``record`` / ``add`` come here with one). A value the SDK would drop is dropped; an
+        exemplar is kept as the last of its slot, as in the SDK's reservoirs (a histogram has a slot per
+        bucket, a sum one)."""
+        with self.lock:
+            generation = self.generation
+            for series, value, exemplar in measurements:
+                boundaries = series.boundaries
+                if boundaries is None:  # a sum
+                    if not series.floor <= value < _INF:
+                        continue
+                    slot = 0
+                else:
+                    if not 0 <= value < _INF:
+                        continue
+                    slot = bisect_left(boundaries, value)  # upper-inclusive buckets, as the SDK's
+                    series.counts[slot] += 1
+                    # only the window's extremes here; they are folded into the running ones at export
+                    if value < series.window_min:
+                        series.window_min = value
+                    if value > series.window_max:
+                        series.window_max = value
+                series.count += 1
+                series.sum += value
+                if exemplar is not None:
+                    kept = series.kept
+                    if kept is None:
+                        kept = series.kept = [None] * max(1, len(series.counts))
+                    kept[slot] = (value, exemplar, generation)
+
+    def exemplar(self, context: Context | None = None) -> Exemplar | None:
+        """The exemplar decision for measurements made now (for :meth:`add_all`): the span context they
+        point to and the time, or None. Exact for the SDK's filters and gym's (none looks
+        at the value); a custom filter is asked with the value 0."""
+        sample = self.sampler
+        span_context = None if sample is None else sample(0, None, context)
+        return None if span_context is None else (span_context, _time_ns())
+
     def metrics_for(self, reader: Any) -> list[Metric]:
         """Metric data for ``reader`` in the temporality it prefers (per instrument kind)."""
         temporalities = getattr(reader, "_instrument_class_temporality", {})
@@ -338,7 +346,6 @@ class PreAggregation:
         with self.lock:
             now = time.time_ns()
             instruments = [(instrument, instrument.snapshot()) for instrument in self._instruments.values()]
-            # folded (above) in the generation that is ending: this collection's exemplars, not the next's
             since = view.generation
             self.generation += 1
             view.generation = self.generation
@@ -444,11 +451,11 @@ def _exemplars(series: _Series, since: int) -> list[Any]:
     """The exemplars kept since the reader's previous collection, in bucket order (as the SDK gives them)."""
     found = []
     for kept in series.kept or ():
-        if kept is not None and kept[3] >= since:
-            value, time_ns, span_context, _ = kept
+        if kept is not None and kept[2] >= since:
+            value, (span_context, time_ns), _ = kept
             ids = span_context.is_valid
             found.append(
-                Exemplar(
+                SdkExemplar(
                     {},  # the point's attributes are the measurement's: nothing was filtered out
                     value,
                     time_ns,
@@ -467,10 +474,12 @@ def _point(
     since: int,
     now: int,
 ) -> Any:
+    count, total = series.count, series.sum
+    if not count:
+        return None  # bound, never measured: not a series yet
     key = id(series)
     delta = temporality == _DELTA
     start = max(view.last_ns, series.start_ns) if delta else series.start_ns
-    count, total = series.count, series.sum
     if isinstance(instrument, PreAggregatedCounter):
         if delta:
             previous = view.last.get(key, (0, 0, []))
@@ -503,7 +512,7 @@ def _point(
         count=count,
         sum=total,
         bucket_counts=counts,
-        explicit_bounds=instrument.boundaries,
+        explicit_bounds=series.boundaries or (),
         min=low,
         max=high,
         exemplars=_exemplars(series, since),
