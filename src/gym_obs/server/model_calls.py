@@ -21,8 +21,6 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from itertools import compress, repeat
-from operator import is_not
 from typing import Any, Final
 
 from opentelemetry.trace import Span, SpanKind
@@ -441,19 +439,19 @@ def _server_span() -> Span | None:
 #: garbage collector walks for as long as a span processor holds the span).
 _ONE_FINISH: Final = {reason: (reason,) for reason in names.GEN_AI_FINISH_REASONS}
 
-_NONES: Final = repeat(None)  # for ``map(is_not, values, _NONES)``: which values are known, in C
-
-#: The SERVER span's attributes set only when known, in the order ``_span_attributes`` gives their values.
-_OPTIONAL_SPAN_KEYS: Final = (
+#: The SERVER span's attributes set only when known, in the order ``_record`` gives their values.
+_NAMED_SPAN_KEYS: Final = (
     names.ATTR_GEN_AI_PROVIDER_NAME,
     names.ATTR_GEN_AI_REQUEST_MODEL,
     names.ATTR_GEN_AI_RESPONSE_MODEL,
     names.ATTR_GEN_AI_RESPONSE_ID,
+    names.ATTR_GEN_AI_UNPARSABLE_REASON,
+)
+_TOKEN_SPAN_KEYS: Final = (
     names.ATTR_GEN_AI_USAGE_INPUT_TOKENS,
     names.ATTR_GEN_AI_USAGE_OUTPUT_TOKENS,
     names.ATTR_GEN_AI_USAGE_REASONING_TOKENS,
     names.ATTR_GEN_AI_USAGE_CACHED_INPUT_TOKENS,
-    names.ATTR_GEN_AI_UNPARSABLE_REASON,
 )
 
 
@@ -591,7 +589,7 @@ class ModelCallMiddleware:
         return points
 
     def _record(self, call: _Call, error: BaseException | None, instruments: Instruments) -> None:
-        """Metrics and SERVER-span attributes of one call (once: at its last byte, else when it ended)."""
+        """Metrics and SERVER-span attributes of one call (once: after its last byte, else when it ended)."""
         call.recorded = True
         ended = call.ended if call.complete else time.perf_counter()
         outcome = call.outcome(error)
@@ -603,46 +601,33 @@ class ModelCallMiddleware:
         pre = instruments.pre
         exemplar = pre.exemplar() if pre is not None else None
         measurements = [(points.duration[outcome], ended - call.started, exemplar)]
+        attributes: dict[str, Any] = {
+            names.ATTR_GEN_AI_OPERATION_NAME: call.operation,
+            names.ATTR_GEN_AI_OUTCOME: outcome,
+            names.ATTR_GEN_AI_STREAMED: call.sse is not None,
+        }
         ok = outcome == names.GEN_AI_OUTCOME_OK
         if ok and call.first_token_at is not None:
             measurements.append((points.ttft, call.first_token_at - call.started, exemplar))
         counts = (facts.input_tokens, facts.output_tokens, facts.reasoning_tokens, facts.cached_input_tokens)
-        known = tuple(map(is_not, counts, _NONES))
-        measurements += zip(compress(points.tokens, known), compress(counts, known), _NONES, strict=False)  # type: ignore[arg-type]
+        for point, key, count in zip(points.tokens, _TOKEN_SPAN_KEYS, counts, strict=True):
+            if count is not None:
+                measurements.append((point, count, None))
+                attributes[key] = count
         reasons = facts.finish_reasons
-        for reason in reasons:  # normalised by genai: always one of the fixed set
-            measurements.append((points.finishes[reason], 1, None))
+        if reasons:  # normalised by genai: always of the fixed set
+            for reason in reasons:
+                measurements.append((points.finishes[reason], 1, None))
+            one = _ONE_FINISH.get(reasons[0]) if len(reasons) == 1 else None
+            attributes[names.ATTR_GEN_AI_RESPONSE_FINISH_REASONS] = one or tuple(reasons)
         problem = facts.problem if ok else None
         if problem is not None:
             measurements.append((points.unparsable[problem], 1, None))
         points.emit(measurements)
         span = call.span
         if span is not None:
-            set_trusted_attributes(span, self._span_attributes(call, outcome, problem, reasons))
-
-    def _span_attributes(
-        self, call: _Call, outcome: str, problem: str | None, reasons: list[str]
-    ) -> dict[str, Any]:
-        facts = call.facts
-        attributes: dict[str, Any] = {
-            names.ATTR_GEN_AI_OPERATION_NAME: call.operation,
-            names.ATTR_GEN_AI_OUTCOME: outcome,
-            names.ATTR_GEN_AI_STREAMED: call.sse is not None,
-        }
-        values = (
-            self.provider,
-            call.request_model,
-            facts.response_model,
-            facts.response_id,
-            facts.input_tokens,
-            facts.output_tokens,
-            facts.reasoning_tokens,
-            facts.cached_input_tokens,
-            problem,
-        )
-        known = map(is_not, values, _NONES)
-        attributes.update(compress(zip(_OPTIONAL_SPAN_KEYS, values, strict=True), known))
-        if reasons:
-            one = _ONE_FINISH.get(reasons[0]) if len(reasons) == 1 else None
-            attributes[names.ATTR_GEN_AI_RESPONSE_FINISH_REASONS] = one or tuple(reasons)
-        return attributes
+            named = (self.provider, call.request_model, facts.response_model, facts.response_id, problem)
+            for key, value in zip(_NAMED_SPAN_KEYS, named, strict=True):
+                if value is not None:
+                    attributes[key] = value
+            set_trusted_attributes(span, attributes)

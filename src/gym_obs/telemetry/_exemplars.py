@@ -55,9 +55,6 @@ ExemplarSampler = Callable[[float, Attributes, Context | None], SpanContext | No
 # The context key the current span lives under, found through the public API (``set_span_in_context``
 # writes exactly one key), so the samplers read the span with one dict lookup.
 (_SPAN_KEY,) = set_span_in_context(INVALID_SPAN, Context()).keys()
-# span type -> whether its instances are spans this process records (an SDK span) rather than a
-# NonRecordingSpan (no span, a bare remote parent, an unsampled one): decided once per type, not per point.
-_RECORDED_TYPES: dict[type, bool] = {}
 _NOTHING: Final = object()
 
 
@@ -79,26 +76,31 @@ def _span_in(context: Context | None) -> object:
     return (_current_context() if context is None else context).get(_SPAN_KEY)
 
 
-def _is_recorded(span: object) -> bool:
-    kind = type(span)
-    recorded = _RECORDED_TYPES.get(kind)
-    if recorded is None:
-        recorded = issubclass(kind, Span) and not issubclass(kind, NonRecordingSpan)
-        if len(_RECORDED_TYPES) < 64:  # span types are few; an odd caller cannot grow this
-            _RECORDED_TYPES[kind] = recorded
-    return recorded
+def _learn(kind: type) -> tuple[bool, bool]:
+    """(a span at all, a span this process records), for a type seen for the first time."""
+    known = (issubclass(kind, Span), issubclass(kind, Span) and not issubclass(kind, NonRecordingSpan))
+    if len(_SPAN_TYPES) < 64:  # span types are few; an odd caller cannot grow this
+        _SPAN_TYPES[kind] = known
+    return known
+
+
+# span type -> (a Span at all, one this process records: an SDK span rather than a NonRecordingSpan, which
+# is no span, a bare remote parent or an unsampled one): decided once per type, not per point.
+_SPAN_TYPES: dict[type, tuple[bool, bool]] = {}
 
 
 def current_recorded_span(context: Context | None = None) -> Span | None:
     """The current span when it is one this process records (an SDK span, ended or not), else None; the
     cheap form of ``get_current_span()`` plus a recording check, for per-request hot paths."""
-    span = _span_in(context)
-    return span if _is_recorded(span) else None  # type: ignore[return-value]
+    span = (_current_context() if context is None else context).get(_SPAN_KEY)
+    known = _SPAN_TYPES.get(type(span)) or _learn(type(span))
+    return span if known[1] else None  # type: ignore[return-value]
 
 
 def _recorded(span: object) -> SpanContext | None:
     """``span``'s context when it is a sampled span of this process, else None (gym's filter)."""
-    if not _is_recorded(span):
+    known = _SPAN_TYPES.get(type(span)) or _learn(type(span))
+    if not known[1]:
         return None
     span_context: SpanContext = span.get_span_context()  # type: ignore[attr-defined]
     return span_context if span_context.trace_flags & 1 else None
@@ -106,7 +108,10 @@ def _recorded(span: object) -> SpanContext | None:
 
 def _sampled(span: object) -> SpanContext | None:
     """The SDK's ``trace_based`` rule: any sampled span context, a remote parent's included."""
-    span_context = (span if isinstance(span, Span) else INVALID_SPAN).get_span_context()
+    known = _SPAN_TYPES.get(type(span)) or _learn(type(span))
+    if not known[0]:
+        return None
+    span_context: SpanContext = span.get_span_context()  # type: ignore[attr-defined]
     return span_context if span_context.is_valid and span_context.trace_flags & 1 else None
 
 

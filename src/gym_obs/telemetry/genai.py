@@ -242,17 +242,14 @@ def _chat_choices(facts: ReplyFacts, choices: object) -> None:
     if len(choices) > _MAX_FINISH_REASONS:
         choices = choices[:_MAX_FINISH_REASONS]
     for position, choice in enumerate(choices):
-        if type(choice) is not dict:
-            continue
-        reason = choice.get("finish_reason")
+        reason = choice.get("finish_reason") if type(choice) is dict else None
         if reason is not None:
             index = choice.get("index")
-            key = index if type(index) is int else position
             facts.add_finish(
                 _CHAT_FINISH.get(reason, names.GEN_AI_FINISH_OTHER)
-                if isinstance(reason, str)
+                if type(reason) is str
                 else names.GEN_AI_FINISH_OTHER,
-                key,
+                index if type(index) is int else position,
             )
 
 

@@ -165,6 +165,8 @@ class _Instrument:
 
     def _measure(self, amount: float, attributes: Attributes = None, context: Context | None = None) -> None:
         """``record`` / ``add``: the SDK's signature; values it would drop are dropped."""
+        if not self._floor <= amount < _INF:
+            return
         entry = self._by_id.get(id(attributes))
         series = entry[1] if entry is not None and entry[0] is attributes else self._series(attributes)
         if series is None:
@@ -301,20 +303,18 @@ class PreAggregation:
 
     def add_all(self, measurements: Iterable[Measurement]) -> None:
         """Add measurements to their bound series under one lock acquisition: the one place a value meets
-        its totals (``record`` / ``add`` come here with one). A value the SDK would drop is dropped; an
-        exemplar is kept as the last of its slot, as in the SDK's reservoirs (a histogram has a slot per
-        bucket, a sum one)."""
+        its totals (``record`` / ``add`` come here with one). Values must be ones the instrument takes
+        (finite; not negative, except for an up-down counter): the SDK drops others, and ``record`` / ``add``
+        do before they get here. An exemplar is kept as the last of its slot, as in the SDK's reservoirs (a
+        histogram has a slot per bucket, a sum one)."""
         with self.lock:
             generation = self.generation
             for series, value, exemplar in measurements:
                 boundaries = series.boundaries
                 if boundaries is None:  # a sum
-                    if not series.floor <= value < _INF:
-                        continue
+                    series.count += 1
                     slot = 0
-                else:
-                    if not 0 <= value < _INF:
-                        continue
+                else:  # a histogram (its count is the sum of its buckets')
                     slot = bisect_left(boundaries, value)  # upper-inclusive buckets, as the SDK's
                     series.counts[slot] += 1
                     # only the window's extremes here; they are folded into the running ones at export
@@ -322,7 +322,6 @@ class PreAggregation:
                         series.window_min = value
                     if value > series.window_max:
                         series.window_max = value
-                series.count += 1
                 series.sum += value
                 if exemplar is not None:
                     kept = series.kept
@@ -474,7 +473,9 @@ def _point(
     since: int,
     now: int,
 ) -> Any:
-    count, total = series.count, series.sum
+    counts = list(series.counts)  # a copy: the point must not change with later measurements
+    count = sum(counts) if series.boundaries is not None else series.count
+    total = series.sum
     if not count:
         return None  # bound, never measured: not a series yet
     key = id(series)
@@ -494,7 +495,6 @@ def _point(
             value=total,
             exemplars=_exemplars(series, since),
         )
-    counts = list(series.counts)
     low, high = series.min, series.max
     if delta:
         previous = view.last.get(key, (0, 0, [0] * len(counts)))
