@@ -124,24 +124,37 @@ def install_model_calls(
 
 
 class _Call:
-    """One model call: what was sent so far and the facts read from it.
+    """One model call: what was sent so far and the facts read from it."""
 
-    No ``__slots__``: a call sets only what its reply's kind needs and reads the rest from these class-level
-    defaults (a JSON reply never touches the stream's fields), which is cheaper per call than setting all.
-    """
+    __slots__ = (
+        "_receive",
+        "_send",
+        "complete",
+        "disconnected",
+        "ended",
+        "facts",
+        "first_token_at",
+        "head_bytes",
+        "json_bytes",
+        "json_parts",
+        "mode",
+        "on_complete",
+        "operation",
+        "recorded",
+        "request_model",
+        "scanned",
+        "span",
+        "sse",
+        "started",
+        "status",
+        "tail",
+    )
 
-    complete = disconnected = recorded = False
-    status = 0
-    ended = 0.0  # when the final body message was handed on (set with ``complete``)
-    first_token_at: float | None = None
-    request_model: str | None = None
-    scanned = 0
-    sse: SseEvents | None = None  # a streamed reply's reader
-    tail: deque[bytes] | None = None
-    # set in _start for the reply's kind only
+    # set in _start for the reply's kind only (a call pays for its own kind)
     json_parts: list[bytes]
     json_bytes: int
     head_bytes: int
+    tail: deque[bytes] | None
 
     def __init__(
         self,
@@ -156,9 +169,14 @@ class _Call:
         self._receive = receive
         self._send = send
         self.span = span
-        self.started = time.perf_counter()
+        self.started = self.ended = time.perf_counter()  # ended: when the final body message was handed on
         self.mode = _WAITING
+        self.status = self.scanned = 0
+        self.complete = self.disconnected = self.recorded = False
         self.facts = ReplyFacts()
+        self.first_token_at: float | None = None
+        self.request_model: str | None = None
+        self.sse: SseEvents | None = None  # a streamed reply's reader
 
     async def receive(self) -> Message:
         message = await self._receive()

@@ -108,20 +108,30 @@ def model_from_request_body(body: bytes) -> str | None:
 
 
 class ReplyFacts:
-    """What one reply said. Counts are validated ints or None; ``problem`` is the first reason it failed.
+    """What one reply said. Counts are validated ints or None; ``problem`` is the first reason it failed."""
 
-    The fields start as these class-level defaults (a reply sets only what it reports: cheaper per call).
-    """
+    __slots__ = (
+        "_finish_by_index",
+        "cached_input_tokens",
+        "content_started",
+        "input_tokens",
+        "output_tokens",
+        "problem",
+        "reasoning_tokens",
+        "response_id",
+        "response_model",
+    )
 
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-    reasoning_tokens: int | None = None
-    cached_input_tokens: int | None = None
-    _finish_by_index: dict[int, str] | None = None  # made by the first finish reason
-    response_model: str | None = None
-    response_id: str | None = None
-    content_started = False
-    problem: str | None = None
+    def __init__(self) -> None:
+        self.input_tokens: int | None = None
+        self.output_tokens: int | None = None
+        self.reasoning_tokens: int | None = None
+        self.cached_input_tokens: int | None = None
+        self._finish_by_index: dict[int, str] | None = None  # made by the first finish reason
+        self.response_model: str | None = None
+        self.response_id: str | None = None
+        self.content_started = False
+        self.problem: str | None = None
 
     def flag(self, problem: str) -> None:
         """Remember why the reply could not be read fully (the first reason wins)."""
