@@ -174,8 +174,8 @@ def test_readers_get_the_sdks_points_and_exemplars(
 
 def test_a_bound_series_records_a_calls_points_with_one_exemplar_decision() -> None:
     reader = _reader(CUMULATIVE)
-    meter = MeterProvider(metric_readers=[reader], exemplar_filter=RecordedSpanExemplarFilter()).get_meter("m")
-    pre = attach(meter)
+    provider = MeterProvider(metric_readers=[reader], exemplar_filter=RecordedSpanExemplarFilter())
+    pre = attach(provider.get_meter("m"))
     assert pre is not None
     duration = pre.histogram("d", "s", "", BOUNDS).bind({"k": "v"})
     finishes = pre.counter("f", "1", "").bind({"k": "v"})
@@ -189,7 +189,8 @@ def test_a_bound_series_records_a_calls_points_with_one_exemplar_decision() -> N
     (point,) = metrics["d"].data.data_points
     assert (point.count, point.sum, list(point.bucket_counts)) == (1, 0.5, [0, 1, 0, 0])
     (kept,) = point.exemplars
-    assert (kept.span_id, kept.trace_id) == (span.get_span_context().span_id, span.get_span_context().trace_id)
+    ids = span.get_span_context()
+    assert (kept.span_id, kept.trace_id) == (ids.span_id, ids.trace_id)
     assert metrics["f"].data.data_points[0].exemplars == []
     assert "n" not in metrics  # bound but never measured: not a series yet, as with the SDK
 
@@ -218,8 +219,8 @@ def test_an_instrument_a_view_selects_stays_the_sdks_and_the_view_applies() -> N
     drop = View(instrument_name=names.METRIC_HTTP_CLIENT_REQUEST_DURATION, aggregation=DropAggregation())
     rename = View(instrument_name=names.METRIC_CLIENT_RETRIES, name="renamed.retries")
     wildcard = View(instrument_name="gym.client.pool.conn*", aggregation=DropAggregation())
-    meter = MeterProvider(metric_readers=[reader], views=[drop, rename, wildcard]).get_meter(names.INSTRUMENTATION_SCOPE)
-    instruments = Instruments(meter)
+    provider = MeterProvider(metric_readers=[reader], views=[drop, rename, wildcard])
+    instruments = Instruments(provider.get_meter(names.INSTRUMENTATION_SCOPE))
     assert not isinstance(instruments.client_request_duration, PreAggregatedHistogram)
     assert not isinstance(instruments.client_retries, PreAggregatedCounter)
     assert isinstance(instruments.server_request_duration, PreAggregatedHistogram)
