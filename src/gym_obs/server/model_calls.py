@@ -457,14 +457,7 @@ def _server_span() -> Span | None:
 #: garbage collector walks for as long as a span processor holds the span).
 _ONE_FINISH: Final = {reason: (reason,) for reason in names.GEN_AI_FINISH_REASONS}
 
-#: The SERVER span's attributes set only when known, in the order ``_record`` gives their values.
-_NAMED_SPAN_KEYS: Final = (
-    names.ATTR_GEN_AI_PROVIDER_NAME,
-    names.ATTR_GEN_AI_REQUEST_MODEL,
-    names.ATTR_GEN_AI_RESPONSE_MODEL,
-    names.ATTR_GEN_AI_RESPONSE_ID,
-    names.ATTR_GEN_AI_UNPARSABLE_REASON,
-)
+#: The SERVER span's token-count attributes, in the order of ``_Points.tokens``.
 _TOKEN_SPAN_KEYS: Final = (
     names.ATTR_GEN_AI_USAGE_INPUT_TOKENS,
     names.ATTR_GEN_AI_USAGE_OUTPUT_TOKENS,
@@ -627,11 +620,21 @@ class ModelCallMiddleware:
         ok = outcome == names.GEN_AI_OUTCOME_OK
         if ok and call.first_token_at is not None:
             measurements.append((points.ttft, call.first_token_at - call.started, exemplar))
-        counts = (facts.input_tokens, facts.output_tokens, facts.reasoning_tokens, facts.cached_input_tokens)
-        for point, key, count in zip(points.tokens, _TOKEN_SPAN_KEYS, counts, strict=True):
-            if count is not None:
-                measurements.append((point, count, None))
-                attributes[key] = count
+        tokens = points.tokens
+        count = facts.input_tokens
+        if count is not None:
+            measurements.append((tokens[0], count, None))
+            attributes[names.ATTR_GEN_AI_USAGE_INPUT_TOKENS] = count
+        count = facts.output_tokens
+        if count is not None:
+            measurements.append((tokens[1], count, None))
+            attributes[names.ATTR_GEN_AI_USAGE_OUTPUT_TOKENS] = count
+        if facts.reasoning_tokens is not None or facts.cached_input_tokens is not None:  # the rarer two
+            counts = (facts.reasoning_tokens, facts.cached_input_tokens)
+            for point, key, count in zip(tokens[2:], _TOKEN_SPAN_KEYS[2:], counts, strict=True):
+                if count is not None:
+                    measurements.append((point, count, None))
+                    attributes[key] = count
         reasons = facts.finish_reasons
         if reasons:  # normalised by genai: always of the fixed set
             for reason in reasons:
@@ -644,8 +647,16 @@ class ModelCallMiddleware:
         points.emit(measurements)
         span = call.span
         if span is not None:
-            named = (self.provider, call.request_model, facts.response_model, facts.response_id, problem)
-            for key, value in zip(_NAMED_SPAN_KEYS, named, strict=True):
+            if self.provider is not None:
+                attributes[names.ATTR_GEN_AI_PROVIDER_NAME] = self.provider
+            if problem is not None:
+                attributes[names.ATTR_GEN_AI_UNPARSABLE_REASON] = problem
+            # the names: the request's (scanned), the reply's model and id
+            for key, value in (
+                (names.ATTR_GEN_AI_REQUEST_MODEL, call.request_model),
+                (names.ATTR_GEN_AI_RESPONSE_MODEL, facts.response_model),
+                (names.ATTR_GEN_AI_RESPONSE_ID, facts.response_id),
+            ):
                 if value is not None:
                     attributes[key] = value
             set_trusted_attributes(span, attributes)
