@@ -309,7 +309,6 @@ class _Call:
         facts = self.facts
         if self.mode == _JSON:
             facts_from_json(self.operation, b"".join(self.json_parts), facts)
-            self.json_parts = []
             return
         sse = self.sse
         if sse is None:
@@ -451,11 +450,6 @@ def _server_span() -> Span | None:
         return span
     return None
 
-
-#: The span attribute of a single finish reason: one shared tuple per reason, so the SERVER span's attribute
-#: dict holds no new container (a fresh tuple per call made the dict and the tuple two more objects the
-#: garbage collector walks for as long as a span processor holds the span).
-_ONE_FINISH: Final = {reason: (reason,) for reason in names.GEN_AI_FINISH_REASONS}
 
 #: The SERVER span's token-count attributes, in the order of ``_Points.tokens``.
 _TOKEN_SPAN_KEYS: Final = (
@@ -635,12 +629,11 @@ class ModelCallMiddleware:
                 if count is not None:
                     measurements.append((point, count, None))
                     attributes[key] = count
-        reasons = facts.finish_reasons
+        reasons = facts.finish_tuple()
         if reasons:  # normalised by genai: always of the fixed set
             for reason in reasons:
                 measurements.append((points.finishes[reason], 1, None))
-            one = _ONE_FINISH.get(reasons[0]) if len(reasons) == 1 else None
-            attributes[names.ATTR_GEN_AI_RESPONSE_FINISH_REASONS] = one or tuple(reasons)
+            attributes[names.ATTR_GEN_AI_RESPONSE_FINISH_REASONS] = reasons
         problem = facts.problem if ok else None
         if problem is not None:
             measurements.append((points.unparsable[problem], 1, None))

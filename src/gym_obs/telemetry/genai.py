@@ -68,6 +68,9 @@ _TOOL_ITEMS: Final = frozenset(
 _RESPONSES_FINAL_EVENTS: Final = frozenset({"response.completed", "response.incomplete", "response.failed"})
 _RESPONSES_START_EVENTS: Final = frozenset({"response.created", "response.in_progress"})
 
+#: The finish reasons of a single choice, one shared tuple per normalised reason.
+_ONE_FINISH: Final = {reason: (reason,) for reason in names.GEN_AI_FINISH_REASONS}
+
 _MODEL_KEY: Final = b'"model"'
 _MODEL_VALUE: Final = re.compile(rb'"model"\s*:\s*"([^"\\\x00-\x1f]{1,256})"')
 
@@ -112,6 +115,8 @@ class ReplyFacts:
 
     __slots__ = (
         "_finish_by_index",
+        "_finish_index",
+        "_finish_reason",
         "cached_input_tokens",
         "content_started",
         "input_tokens",
@@ -127,7 +132,10 @@ class ReplyFacts:
         self.output_tokens: int | None = None
         self.reasoning_tokens: int | None = None
         self.cached_input_tokens: int | None = None
-        self._finish_by_index: dict[int, str] | None = None  # made by the first finish reason
+        # One choice's finish reason (the usual case) is kept in two fields; a second choice's makes the dict.
+        self._finish_index = 0
+        self._finish_reason: str | None = None
+        self._finish_by_index: dict[int, str] | None = None
         self.response_model: str | None = None
         self.response_id: str | None = None
         self.content_started = False
@@ -156,15 +164,28 @@ class ReplyFacts:
     @property
     def finish_reasons(self) -> list[str]:
         """The normalised finish reason of each choice, in the order the choices first reported one."""
+        return list(self.finish_tuple())
+
+    def finish_tuple(self) -> tuple[str, ...]:
+        """:attr:`finish_reasons` as a tuple; a single reason's is one shared tuple per reason (what a span
+        attribute holds: no new object per reply)."""
         by_index = self._finish_by_index
-        return list(by_index.values()) if by_index else []
+        if by_index is not None:
+            return tuple(by_index.values())
+        reason = self._finish_reason
+        if reason is None:
+            return ()
+        return _ONE_FINISH.get(reason) or (reason,)
 
     def add_finish(self, reason: str, index: int = 0) -> None:
         """Record choice ``index``'s finish reason (bounded; the last report for an index wins)."""
         by_index = self._finish_by_index
         if by_index is None:
-            self._finish_by_index = {index: reason}
-        elif index in by_index or len(by_index) < _MAX_FINISH_REASONS:
+            if self._finish_reason is None or self._finish_index == index:
+                self._finish_index, self._finish_reason = index, reason
+                return
+            by_index = self._finish_by_index = {self._finish_index: self._finish_reason}
+        if index in by_index or len(by_index) < _MAX_FINISH_REASONS:
             by_index[index] = reason
 
     def note_model(self, value: object) -> None:
