@@ -15,7 +15,7 @@ it to the official encoder's output. Any other failure raises, and the caller fa
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 import orjson
@@ -33,14 +33,23 @@ from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanKind
 
-__all__ = ["metrics_json_line", "spans_json_line"]
+__all__ = [
+    "KIND",
+    "bounded_items",
+    "metrics_json_line",
+    "plain_attributes",
+    "span_attributes",
+    "span_events",
+    "span_links",
+    "spans_json_line",
+]
 
 Json = dict[str, Any]
 
 _I64_MIN: Final = -(2**63)
 _I64_MAX: Final = 2**63 - 1
 _INF: Final = float("inf")
-_KIND: Final = {
+KIND: Final = {
     SpanKind.INTERNAL: 1,
     SpanKind.SERVER: 2,
     SpanKind.CLIENT: 3,
@@ -112,7 +121,7 @@ def _key_value(key: str, value: object) -> Json:
     return {"key": key, "value": _any_value(value)} if key else {"value": _any_value(value)}
 
 
-def _plain(attributes: object) -> Mapping[str, object] | None:
+def plain_attributes(attributes: object) -> Mapping[str, object] | None:
     """The SDK's ``BoundedAttributes`` keeps a plain dict: iterating it directly skips a Python-level
     ``__getitem__`` (and ``__iter__``) per attribute, which was the largest part of a span's cost. Anything
     else is used as it is."""
@@ -122,10 +131,10 @@ def _plain(attributes: object) -> Mapping[str, object] | None:
     return attributes if isinstance(attributes, Mapping) else None
 
 
-def _span_attributes(span: ReadableSpan) -> Mapping[str, object] | None:
+def span_attributes(span: ReadableSpan) -> Mapping[str, object] | None:
     """A span's attributes without the read-only proxy ``ReadableSpan.attributes`` wraps them in."""
     raw = getattr(span, "_attributes", None)
-    return _plain(raw) if raw is not None else _plain(span.attributes)
+    return plain_attributes(raw) if raw is not None else plain_attributes(span.attributes)
 
 
 class _PairCache:
@@ -173,7 +182,7 @@ class _PairCache:
 
 def _attributes(attributes: Mapping[str, object] | None, pairs: _PairCache | None = None) -> list[Json]:
     """``KeyValue`` list; an attribute the OTLP encoders would reject is skipped, as they skip it."""
-    attributes = _plain(attributes)
+    attributes = plain_attributes(attributes)
     if not attributes:
         return []
     return (pairs or _PairCache()).encode(attributes)
@@ -244,14 +253,29 @@ def _links(links: Sequence[Link], pairs: _PairCache) -> list[Json]:
     return out
 
 
-def _bounded(raw: object, public: Sequence[Any], dropped: int) -> tuple[Sequence[Any], int]:
-    """A span's events or links and their dropped count, read from the SDK's ``BoundedList`` itself: the
-    public properties copy the list under a lock on every access."""
+def span_events(span: ReadableSpan) -> tuple[Sequence[Event], int]:
+    """A span's events and their dropped count (see :func:`bounded_items`)."""
+    return bounded_items(getattr(span, "_events", None), lambda: (span.events, span.dropped_events))
+
+
+def span_links(span: ReadableSpan) -> tuple[Sequence[Link], int]:
+    """A span's links and their dropped count (see :func:`bounded_items`)."""
+    return bounded_items(getattr(span, "_links", None), lambda: (span.links, span.dropped_links))
+
+
+def bounded_items(
+    raw: object, public: Callable[[], tuple[Sequence[Any], int]]
+) -> tuple[Sequence[Any], int]:
+    """A span's events or links and their dropped count, read from the SDK's ``BoundedList`` itself (or
+    the plain sequence a hand-built span holds): the public properties copy the list under a lock on
+    every access, so ``public`` is called only for anything else."""
     if isinstance(raw, BoundedList):
         items = getattr(raw, "_dq", None)  # its deque; absent in another SDK version: the public copy
         if items is not None:
             return items, raw.dropped
-    return public, dropped
+    elif isinstance(raw, tuple | list):
+        return raw, 0
+    return public()
 
 
 def _span(span: ReadableSpan, pairs: _PairCache) -> Json:
@@ -266,28 +290,24 @@ def _span(span: ReadableSpan, pairs: _PairCache) -> Json:
         out["parentSpanId"] = format(parent.span_id, "016x")
     if span.name:
         out["name"] = span.name
-    out["kind"] = _KIND[span.kind]
+    out["kind"] = KIND[span.kind]
     if span.start_time:
         out["startTimeUnixNano"] = str(span.start_time)
     if span.end_time:
         out["endTimeUnixNano"] = str(span.end_time)
     raw_attributes = getattr(span, "_attributes", None)
-    attributes = _attributes(_span_attributes(span), pairs)
+    attributes = _attributes(span_attributes(span), pairs)
     if attributes:
         out["attributes"] = attributes
     dropped = raw_attributes.dropped if isinstance(raw_attributes, BoundedAttributes) else 0
     if dropped:
         out["droppedAttributesCount"] = dropped
-    raw = getattr(span, "_events", None)
-    events, dropped = _bounded(
-        raw, raw if isinstance(raw, tuple | list) else span.events, span.dropped_events
-    )
+    events, dropped = span_events(span)
     if events:
         out["events"] = _events(events, pairs)
     if dropped:
         out["droppedEventsCount"] = dropped
-    raw = getattr(span, "_links", None)
-    links, dropped = _bounded(raw, raw if isinstance(raw, tuple | list) else span.links, span.dropped_links)
+    links, dropped = span_links(span)
     if links:
         out["links"] = _links(links, pairs)
     if dropped:
