@@ -169,18 +169,24 @@ class _PairCache:
         out: list[bytes] = []
         pairs, tag = self._pairs, self._tag
         for pair in attributes.items():
-            item = pairs.get(pair)
-            if item is None:
-                value = pair[1]
+            value = pair[1]
+            kind = type(value)
+            if kind is str or kind is int:  # exact types: True must not find the entry of 1
+                item = pairs.get(pair)
+                if item is None:
+                    try:
+                        item = _field(tag, _key_value(pair[0], value))
+                    except Unencodable:
+                        continue
+                    if kind is int or len(value) <= _CACHED_STR_CHARS:  # type: ignore[arg-type]
+                        if len(pairs) >= self._max:
+                            pairs.clear()
+                        pairs[pair] = item
+            else:
                 try:
                     item = _field(tag, _key_value(pair[0], value))
                 except Unencodable:
                     continue
-                kind = type(value)
-                if (kind is str and len(value) <= _CACHED_STR_CHARS) or kind is int:  # type: ignore[arg-type]
-                    if len(pairs) >= self._max:
-                        pairs.clear()
-                    pairs[pair] = item
             out.append(item)
         return b"".join(out)
 
