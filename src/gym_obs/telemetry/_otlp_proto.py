@@ -31,6 +31,7 @@ from opentelemetry.trace import Link
 
 from gym_obs.telemetry._otlp_json import (
     KIND,
+    group_spans,
     plain_attributes,
     span_attributes,
     span_events,
@@ -238,19 +239,7 @@ class ProtoEncoder:
 
     def spans(self, spans: Sequence[ReadableSpan]) -> bytes:
         """One ``ExportTraceServiceRequest``: spans grouped by resource, then scope, in first-seen order."""
-        by_id: dict[tuple[int, int], tuple[Resource, InstrumentationScope | None, list[bytes]]] = {}
-        for span in spans:
-            resource, scope = span.resource, span.instrumentation_scope
-            key = (id(resource), id(scope))
-            entry = by_id.get(key)
-            if entry is None:
-                entry = by_id[key] = (resource, scope, [])
-            entry[2].append(_field(b"\x12", self._span(span)))  # ScopeSpans.spans (2)
-        # Equal objects are merged as the official encoder's dict merges them (hashing a Resource is costly,
-        # so once per distinct object, not once per span).
-        merged: dict[Resource, dict[InstrumentationScope | None, list[bytes]]] = {}
-        for resource, scope, encoded in by_id.values():
-            merged.setdefault(resource, {}).setdefault(scope, []).extend(encoded)
+        merged = group_spans(spans, self._span_field)
         out: list[bytes] = []
         for resource, scopes in merged.items():
             scope_spans: list[bytes] = [self.resource_field(resource)]
@@ -262,6 +251,9 @@ class ProtoEncoder:
                 scope_spans.append(_text(b"\x1a", resource.schema_url))
             out.append(_field(b"\x0a", b"".join(scope_spans)))  # ExportTraceServiceRequest.resource_spans
         return b"".join(out)
+
+    def _span_field(self, span: ReadableSpan) -> bytes:
+        return _field(b"\x12", self._span(span))  # ScopeSpans.spans (2)
 
     def _span(self, span: ReadableSpan) -> bytes:
         context = span.context
