@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 import orjson
 from opentelemetry.attributes import BoundedAttributes
@@ -35,6 +35,8 @@ from opentelemetry.trace import Link, SpanKind
 
 __all__ = [
     "KIND",
+    "FragmentCache",
+    "Unencodable",
     "bounded_items",
     "group_spans",
     "metrics_json_line",
@@ -46,6 +48,8 @@ __all__ = [
 ]
 
 Json = dict[str, Any]
+_T = TypeVar("_T")
+_CACHED_STR_CHARS: Final = 256  # longer strings are hardly ever repeated: not worth a cache entry
 
 _I64_MIN: Final = -(2**63)
 _I64_MAX: Final = 2**63 - 1
@@ -62,8 +66,8 @@ _FLAGS_LOCAL: Final = 0x100
 _FLAGS_REMOTE: Final = 0x300
 
 
-class _Unencodable(ValueError):
-    """A value the OTLP encoders would refuse (its attribute is skipped)."""
+class Unencodable(ValueError):
+    """A value the official OTLP encoders would refuse (its attribute is skipped, as they skip it)."""
 
 
 def _double(value: float) -> float | str:
@@ -79,7 +83,7 @@ def _double(value: float) -> float | str:
 def _int64(value: int) -> str:
     if _I64_MIN <= value <= _I64_MAX:
         return str(value)
-    raise _Unencodable(f"{value} does not fit an int64")
+    raise Unencodable(f"{value} does not fit an int64")
 
 
 def _any_value(value: object) -> Json:
@@ -115,7 +119,7 @@ def _any_value_slow(value: object) -> Json:
     if isinstance(value, Mapping):
         pairs = [_key_value(str(key), item) for key, item in value.items()]
         return {"kvlistValue": {"values": pairs} if pairs else {}}
-    raise _Unencodable(f"invalid type {type(value).__name__}")
+    raise Unencodable(f"invalid type {type(value).__name__}")
 
 
 def _key_value(key: str, value: object) -> Json:
@@ -138,55 +142,53 @@ def span_attributes(span: ReadableSpan) -> Mapping[str, object] | None:
     return plain_attributes(raw) if raw is not None else plain_attributes(span.attributes)
 
 
-class _PairCache:
-    """Encoded ``KeyValue`` dicts of the string and integer attributes seen before (``http.request.method``
-    = ``POST``, ``server.port`` = 8000, ...): most of a batch repeats the same few pairs, and one dict
-    lookup is cheaper than building two dicts. orjson writes a shared dict as often as it is referenced.
-    Bounded: cleared when full (unique values -- ids, URLs -- churn through it)."""
+class FragmentCache(Generic[_T]):
+    """Encoded ``KeyValue``s (``encode(key, value)``: a dict, JSON text, protobuf bytes) of the short string
+    and the integer attributes seen before (``http.request.method`` = ``POST``, ``server.port`` = 8000):
+    most spans repeat the same few pairs, and one dict lookup is cheaper than encoding again. Exact types
+    only (``True`` must not find the entry of ``1``). Bounded: cleared when full (unique values -- ids,
+    URLs -- churn through it); kept across batches (a race of two exporting threads costs at most a
+    repeated encoding). An attribute ``encode`` finds :class:`Unencodable` is skipped."""
 
-    __slots__ = ("_ints", "_max", "_strs")
+    __slots__ = ("_encode", "_items", "_max")
 
-    def __init__(self, max_entries: int = 4096) -> None:
-        self._strs: dict[tuple[str, str], Json] = {}
-        self._ints: dict[tuple[str, int], Json] = {}
+    def __init__(self, encode: Callable[[str, object], _T], max_entries: int = 4096) -> None:
+        self._encode = encode
+        self._items: dict[tuple[str, object], _T] = {}
         self._max = max_entries
 
-    def _store(self, cache: dict[Any, Json], pair: tuple[str, Any], encoded: Json) -> Json:
-        if len(cache) >= self._max:
-            cache.clear()
-        cache[pair] = item = {"key": pair[0], "value": encoded} if pair[0] else {"value": encoded}
-        return item
-
-    def encode(self, attributes: Mapping[str, object]) -> list[Json]:
-        out: list[Json] = []
-        strs, ints = self._strs, self._ints
+    def encode(self, attributes: Mapping[str, object]) -> list[_T]:
+        out: list[_T] = []
+        items, encode = self._items, self._encode
         for pair in attributes.items():
             value = pair[1]
-            kind = type(value)  # _any_value's fast path inlined: this loop is most of a span's cost
-            if kind is str:
-                item = strs.get(pair)  # type: ignore[arg-type]
+            kind = type(value)
+            if kind is str or kind is int:
+                item = items.get(pair)
                 if item is None:
-                    item = self._store(strs, pair, {"stringValue": value})
-            elif kind is int and _I64_MIN <= value <= _I64_MAX:  # type: ignore[operator]
-                item = ints.get(pair)  # type: ignore[arg-type]
-                if item is None:
-                    item = self._store(ints, pair, {"intValue": str(value)})
+                    try:
+                        item = encode(pair[0], value)
+                    except Unencodable:
+                        continue
+                    if kind is int or len(value) <= _CACHED_STR_CHARS:  # type: ignore[arg-type]
+                        if len(items) >= self._max:
+                            items.clear()
+                        items[pair] = item
             else:
                 try:
-                    encoded = _any_value(value)
-                except _Unencodable:
+                    item = encode(pair[0], value)
+                except Unencodable:
                     continue
-                item = {"key": pair[0], "value": encoded} if pair[0] else {"value": encoded}
             out.append(item)
         return out
 
 
-def _attributes(attributes: Mapping[str, object] | None, pairs: _PairCache | None = None) -> list[Json]:
+def _attributes(attributes: object, pairs: FragmentCache[Json] | None = None) -> list[Json]:
     """``KeyValue`` list; an attribute the OTLP encoders would reject is skipped, as they skip it."""
-    attributes = plain_attributes(attributes)
-    if not attributes:
+    plain = plain_attributes(attributes)
+    if not plain:
         return []
-    return (pairs or _PairCache()).encode(attributes)
+    return (pairs or FragmentCache(_key_value)).encode(plain)
 
 
 def _resource(resource: Resource) -> Json:
@@ -222,7 +224,7 @@ def _status(span: ReadableSpan) -> Json:
     return out
 
 
-def _events(events: Sequence[Event], pairs: _PairCache) -> list[Json]:
+def _events(events: Sequence[Event], pairs: FragmentCache[Json]) -> list[Json]:
     out: list[Json] = []
     for event in events:
         item: Json = {}
@@ -239,7 +241,7 @@ def _events(events: Sequence[Event], pairs: _PairCache) -> list[Json]:
     return out
 
 
-def _links(links: Sequence[Link], pairs: _PairCache) -> list[Json]:
+def _links(links: Sequence[Link], pairs: FragmentCache[Json]) -> list[Json]:
     out: list[Json] = []
     for link in links:
         context = link.context
@@ -279,7 +281,6 @@ def bounded_items(
     return public()
 
 
-_T = TypeVar("_T")
 SpanGroups = dict[Resource, dict[InstrumentationScope | None, list[_T]]]
 
 
@@ -314,34 +315,9 @@ class _SpanWriter:
     __slots__ = ("_names", "_pairs", "_tree_pairs")
 
     def __init__(self) -> None:
-        self._pairs: dict[tuple[str, object], str] = {}  # KeyValue objects of short str / int attributes
+        self._pairs = FragmentCache(lambda key, value: _text(_key_value(key, value)))
         self._names: dict[str, str] = {}
-        self._tree_pairs = _PairCache()  # for events and links (few): dicts, dumped per span
-
-    def _attributes(self, attributes: Mapping[str, object]) -> str:
-        out: list[str] = []
-        pairs = self._pairs
-        for pair in attributes.items():
-            value = pair[1]
-            kind = type(value)
-            if kind is str or kind is int:  # exact types: True must not find the entry of 1
-                item = pairs.get(pair)
-                if item is None:
-                    try:
-                        item = _text(_key_value(pair[0], value))
-                    except _Unencodable:
-                        continue
-                    if kind is int or len(value) <= 256:  # type: ignore[arg-type]
-                        if len(pairs) >= 4096:
-                            pairs.clear()
-                        pairs[pair] = item
-            else:
-                try:
-                    item = _text(_key_value(pair[0], value))
-                except _Unencodable:
-                    continue
-            out.append(item)
-        return ",".join(out)
+        self._tree_pairs = FragmentCache(_key_value)  # for events and links (few): dicts, dumped per span
 
     def _name(self, name: str) -> str:
         text = self._names.get(name)
@@ -370,7 +346,7 @@ class _SpanWriter:
         if span.end_time:
             out.append(f',"endTimeUnixNano":"{span.end_time}"')
         attributes = span_attributes(span)
-        encoded = self._attributes(attributes) if attributes else ""
+        encoded = ",".join(self._pairs.encode(attributes)) if attributes else ""
         if encoded:
             out.append(',"attributes":[' + encoded + "]")
         raw_attributes = getattr(span, "_attributes", None)

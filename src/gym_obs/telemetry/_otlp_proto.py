@@ -31,6 +31,8 @@ from opentelemetry.trace import Link
 
 from gym_obs.telemetry._otlp_json import (
     KIND,
+    FragmentCache,
+    Unencodable,
     group_spans,
     plain_attributes,
     span_attributes,
@@ -38,7 +40,7 @@ from gym_obs.telemetry._otlp_json import (
     span_links,
 )
 
-__all__ = ["ProtoEncoder", "Unencodable", "encode_key_values", "varint"]
+__all__ = ["ProtoEncoder", "encode_key_values", "varint"]
 
 _I64_MIN: Final = -(2**63)
 _I64_MAX: Final = 2**63 - 1
@@ -58,11 +60,6 @@ _FLAGS_REMOTE: Final = _FLAGS.pack(b"\x85\x01", 0x300)
 _LINK_FLAGS_LOCAL: Final = b"\x35" + (0x100).to_bytes(4, "little")  # Link.flags (6)
 _LINK_FLAGS_REMOTE: Final = b"\x35" + (0x300).to_bytes(4, "little")
 _KIND_FIELD: Final = {kind: bytes((0x30, value)) for kind, value in KIND.items()}  # Span.kind (6)
-_CACHED_STR_CHARS: Final = 256  # longer strings are hardly ever repeated: not worth a cache entry
-
-
-class Unencodable(ValueError):
-    """A value the official encoder would refuse (its attribute is skipped, as the official one skips it)."""
 
 
 def varint(value: int) -> bytes:
@@ -143,6 +140,10 @@ def _key_value(key: str, value: object) -> bytes:
     return _text(b"\x0a", key) + encoded if key else encoded
 
 
+def _span_attribute(key: str, value: object) -> bytes:
+    return _field(b"\x4a", _key_value(key, value))  # Span.attributes (9)
+
+
 def encode_key_values(tag: bytes, attributes: object) -> bytes:
     """Repeated ``KeyValue`` fields under ``tag``, uncached; an attribute that cannot be encoded is
     skipped."""
@@ -158,49 +159,11 @@ def encode_key_values(tag: bytes, attributes: object) -> bytes:
     return b"".join(out)
 
 
-class _PairCache:
-    """Encoded ``KeyValue`` fields of the short string and the integer attributes seen before: most spans
-    repeat the same few pairs. Bounded: cleared when full (unique values -- ids, URLs -- churn through it).
-    Kept across batches; the SDK exports from one thread, and a race costs at most a repeated encoding."""
-
-    __slots__ = ("_max", "_pairs", "_tag")
-
-    def __init__(self, tag: bytes, max_entries: int = 4096) -> None:
-        self._tag = tag
-        self._pairs: dict[tuple[str, object], bytes] = {}
-        self._max = max_entries
-
-    def encode(self, attributes: Mapping[str, object]) -> bytes:
-        out: list[bytes] = []
-        pairs, tag = self._pairs, self._tag
-        for pair in attributes.items():
-            value = pair[1]
-            kind = type(value)
-            if kind is str or kind is int:  # exact types: True must not find the entry of 1
-                item = pairs.get(pair)
-                if item is None:
-                    try:
-                        item = _field(tag, _key_value(pair[0], value))
-                    except Unencodable:
-                        continue
-                    if kind is int or len(value) <= _CACHED_STR_CHARS:  # type: ignore[arg-type]
-                        if len(pairs) >= self._max:
-                            pairs.clear()
-                        pairs[pair] = item
-            else:
-                try:
-                    item = _field(tag, _key_value(pair[0], value))
-                except Unencodable:
-                    continue
-            out.append(item)
-        return b"".join(out)
-
-
 class ProtoEncoder:
     """Writes ``ExportTraceServiceRequest`` bytes; one per exporter (it keeps its caches across batches)."""
 
     def __init__(self) -> None:
-        self._span_pairs = _PairCache(b"\x4a")  # Span.attributes (9)
+        self._span_pairs = FragmentCache(_span_attribute)
         self._resources: dict[int, tuple[Resource, bytes]] = {}
         self._scopes: dict[int, tuple[InstrumentationScope | None, bytes]] = {}
 
@@ -280,7 +243,7 @@ class ProtoEncoder:
                 parts.append(b"\x41" + _FIXED64.pack(end))
         attributes = span_attributes(span)
         if attributes:
-            parts.append(self._span_pairs.encode(attributes))
+            parts.extend(self._span_pairs.encode(attributes))
         raw = getattr(span, "_attributes", None)
         dropped = raw.dropped if isinstance(raw, BoundedAttributes) else 0
         if dropped:
