@@ -40,7 +40,7 @@ class DirectOtlpHttpSpanExporter(OTLPSpanExporter):
         self.direct_batches = 0  # batches sent by the direct path (what tests and benchmarks check)
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        if not self.direct or self._shutdown:
+        if not self.direct or getattr(self, "_shutdown", False):
             return super().export(spans)
         try:
             data = self._encoder.spans(spans)
