@@ -140,6 +140,8 @@ def stream_chunks(operation: str, scenario: str) -> list[bytes]:
         return [whole[i : i + 5] for i in range(0, len(whole), 5)]
     if scenario == "one_chunk":
         return [b"".join(events)]
+    if scenario == "huge_event":  # one event of 50 MB (any dialect's parser skips it; a reader passes it on)
+        return [events[0], _sse({"type": "huge", "pad": "x" * HUGE_BYTES}), *events[1:]]
     if scenario == "truncated":
         whole = b"".join(events)
         return [whole[: len(whole) - 40]]

@@ -46,7 +46,7 @@ from gym_obs.client.errors import (
     get_response_json,
     raise_for_status,
 )
-from gym_obs.client.model_calls import ModelCallTarget, SseEventTooLarge, iter_sse_data
+from gym_obs.client.model_calls import NOT_A_MODEL_CALL, ModelCallTarget, SseEventTooLarge, iter_sse_data
 from gym_obs.client.pool import CapacityReport, capacity_report, make_connector
 from gym_obs.client.servers import (
     HeadServerUnavailableError,
@@ -67,6 +67,7 @@ __all__ = [
     "MAX_ERROR_BODY_BYTES",
     "MAX_NUM_TRIES",
     "MIN_RETRY_DELAY_S",
+    "NOT_A_MODEL_CALL",
     "UNREADABLE_HEAD_STATUS",
     "CapacityReport",
     "GlobalAIOHTTPAsyncClientConfig",

@@ -160,7 +160,7 @@ async def request(
     gym server name (the bounded ``gym.server.name`` label; ``external`` otherwise). ``_route``: a route
     template for the span name (``POST /v1/responses``), never a raw path with ids.
     ``_on_transport_failure``: called with a ``TransportFailure`` for every failed attempt.
-    ``_model_call``: what is known about a model endpoint (provider, model allow-list; ``NOT_A_MODEL``
+    ``_model_call``: what is known about a model endpoint (provider, model allow-list; ``NOT_A_MODEL_CALL``
     opts out); a request to a dialect route is a model call anyway (``gym_obs.client.model_calls``).
     ``json=`` is encoded with orjson (a value it cannot encode, e.g. a non-str dict key, is a
     ``TypeError`` naming ``json=``, raised before anything is sent); ``_max_num_tries`` must be >= 1 and

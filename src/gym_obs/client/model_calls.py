@@ -83,7 +83,7 @@ from gym_obs.telemetry.tally import RolloutTally, current_rollout
 __all__ = [
     "MAX_JSON_BYTES",
     "MAX_SSE_EVENT_BYTES",
-    "NOT_A_MODEL",
+    "NOT_A_MODEL_CALL",
     "ModelCallTarget",
     "SseEventTooLarge",
     "iter_sse_data",
@@ -127,7 +127,7 @@ class ModelCallTarget:
     model_allow_list: frozenset[str] = frozenset()
 
 
-NOT_A_MODEL: Final = ModelCallTarget(enabled=False)
+NOT_A_MODEL_CALL: Final = ModelCallTarget(enabled=False)
 _UNKNOWN: Final = ModelCallTarget()
 
 
@@ -140,7 +140,7 @@ def model_call_target(server_type: str, own_config: Mapping[str, Any]) -> ModelC
     if not isinstance(enabled, bool):
         enabled = server_type == _MODEL_SERVER_TYPE
     if not enabled:
-        return NOT_A_MODEL
+        return NOT_A_MODEL_CALL
     provider = section.get("provider")
     allowed = section.get("model_allow_list")
     models = (
@@ -326,7 +326,10 @@ class _ModelCall:
             _internal_failure()
 
     def _first_content(self) -> None:
-        self.first_at = now = _perf_counter()
+        now = _perf_counter()
+        if self.eof_at is not None and self.eof_at < now:
+            now = self.eof_at  # the whole reply was here before the caller read it: it came by then
+        self.first_at = now
         self.facts.content_started = True
         span = self.span
         if span is not None and span.is_recording():
