@@ -276,21 +276,29 @@ async def test_a_reply_never_read_ends_when_dropped(client: ServerClient, teleme
     assert unparsable(telemetry) == {"unread": 1.0} and token_sums(telemetry) == {}
 
 
-async def test_a_reply_read_with_plain_aiohttp_ends_when_released_or_dropped(
+async def test_a_reply_read_with_plain_aiohttp_gets_its_facts_or_ends_when_let_go(
     client: ServerClient, telemetry: Capture
 ) -> None:
     operation = names.GEN_AI_OPERATION_CHAT
     response = await post(client, operation)
-    async with response:
+    async with response:  # aiohttp's own json() reads through the response's read(): the facts are read
         assert await response.json() == orjson.loads(json_body(operation, "ok"))
-    streamed = await post(client, operation, stream=True)
-    assert b"".join([chunk async for chunk in streamed.content.iter_any()]) == b"".join(
+    attributes = one_client_span(telemetry, operation)
+    assert attributes[names.ATTR_GEN_AI_USAGE_INPUT_TOKENS] == 11 and token_sums(telemetry) == TOKENS
+    whole = await post(client, operation, stream=True)
+    assert (await whole.text()).encode() == b"".join(stream_chunks(operation, "ok"))  # a stream read whole
+    assert len(wait_for(lambda: client_spans(telemetry, operation), 2)) == 2
+    assert unparsable(telemetry) == {} and token_sums(telemetry)["input"] == 22
+    by_hand = await post(client, operation, stream=True)
+    assert b"".join([chunk async for chunk in by_hand.content.iter_any()]) == b"".join(
         stream_chunks(operation, "ok")
     )
-    del response, streamed
-    gc.collect()
-    spans = wait_for(lambda: client_spans(telemetry, operation), 2)
-    assert [(s.attributes or {})[names.ATTR_GEN_AI_OUTCOME] for s in spans] == ["ok", "ok"]
+    by_hand.release()  # after the last byte: no connection callback, the release itself says so
+    unread = await post(client, operation)
+    await asyncio.sleep(0.05)
+    unread.close()
+    spans = wait_for(lambda: client_spans(telemetry, operation), 4)
+    assert [(s.attributes or {})[names.ATTR_GEN_AI_OUTCOME] for s in spans] == ["ok"] * 4
     assert unparsable(telemetry) == {"unread": 2.0}
 
 

@@ -292,23 +292,49 @@ class _ModelCall:
                 self._mark_eof()
             else:
                 connection.add_callback(self._released)
+            # aiohttp read the body inside request() (``_read_body=True``): read it now. aiohttp has no public
+            # way to ask; its private ``_body`` is read defensively, as ``errors.read_error_body`` does.
+            body = getattr(response, "_body", None)
+            if isinstance(body, bytes):
+                self.body_read(body, response.content_type)
+                return
+            _install_hooks(response, self)
         except Exception:
             _internal_failure()
             self._end(names.GEN_AI_OUTCOME_OK, None, span, own_span=True)
 
-    # -- the reply (the helpers) ---------------------------------------------------------------------------
+    # -- the reply (the helpers, or aiohttp's own read) -----------------------------------------------------
 
-    def json_read(self, body: bytes) -> None:
+    def body_read(self, body: bytes, content_type: str) -> None:
+        """The whole body was read at once (``get_response_json``, ``read()``, ``json()``, ``text()``)."""
         if self.ended:
             return
+        facts = self.facts
         try:
             if len(body) > MAX_JSON_BYTES:
-                self.facts.flag(names.GEN_AI_UNPARSABLE_TOO_LARGE)
+                facts.flag(names.GEN_AI_UNPARSABLE_TOO_LARGE)
+            elif content_type == "text/event-stream":  # a stream read whole: its events, no first-token time
+                self.streamed = True
+                reader = SseEvents()
+                for data in reader.feed(body):
+                    update_from_event(self.operation, data, facts)
+                self.stream_done(reader.pending or reader.dropped)
+                return
             else:
-                facts_from_json(self.operation, body, self.facts)
+                facts_from_json(self.operation, body, facts)
         except Exception:
             _internal_failure()
         self._finish(names.GEN_AI_OUTCOME_OK)
+
+    def let_go(self) -> None:
+        """The caller released or closed the response (after its connection's callback, if any, ran)."""
+        if self.ended:
+            return
+        if self.eof_at is None:
+            self._finish(names.GEN_AI_OUTCOME_CANCELLED)
+        else:
+            self.facts.flag(names.GEN_AI_UNPARSABLE_UNREAD)
+            self._finish(names.GEN_AI_OUTCOME_OK)
 
     def events(self, batch: list[bytes]) -> None:
         """SSE events the caller is about to get: the first content event's time, usage and finish reasons."""
@@ -380,14 +406,8 @@ class _ModelCall:
             _internal_failure()
 
     def _collected(self) -> None:
-        """The response was collected without its reply being read through the helpers."""
-        if self.ended:
-            return
-        if self.eof_at is None:
-            self._finish(names.GEN_AI_OUTCOME_CANCELLED)
-        else:
-            self.facts.flag(names.GEN_AI_UNPARSABLE_UNREAD)
-            self._finish(names.GEN_AI_OUTCOME_OK)
+        """The response was collected and nothing said how its reply ended: as if let go now."""
+        self.let_go()
 
     # -- the end -------------------------------------------------------------------------------------------
 
@@ -401,6 +421,9 @@ class _ModelCall:
             del _LIVE[self.key]
         if self.finalizer is not None:
             self.finalizer.detach()
+        response = self.ref() if self.ref is not None else None
+        if response is not None:
+            _remove_hooks(response)
         span = self.span
         if span is not None and error is not None and span.is_recording():
             record_exception(span, error)
@@ -484,6 +507,64 @@ class _ModelCall:
         return attributes
 
 
+class _Hook:
+    """One of a model call's response methods, wrapped (see :func:`_install_hooks`)."""
+
+    __slots__ = ("call", "name", "ref")
+
+    def __init__(self, call: _ModelCall, name: str, ref: weakref.ref[aiohttp.ClientResponse]) -> None:
+        self.call = call
+        self.name = name
+        self.ref = ref
+
+    def __call__(self) -> Any:
+        response = self.ref()
+        assert response is not None  # it is calling us
+        result = getattr(type(response), self.name)(response)
+        try:
+            self.call.let_go()
+        except Exception:  # pragma: no cover - let_go guards itself; the caller's call must not fail here
+            _internal_failure()
+        return result
+
+
+class _ReadHook(_Hook):
+    __slots__ = ()
+
+    async def __call__(self) -> bytes:
+        response = self.ref()
+        assert response is not None
+        body: bytes = await type(response).read(response)
+        self.call.body_read(body, response.content_type)
+        return body
+
+
+_HOOKED: Final = ("read", "release", "close")
+
+
+def _install_hooks(response: aiohttp.ClientResponse, call: _ModelCall) -> None:
+    """Wrap this response's ``read``, ``release`` and ``close`` (instance attributes shadow the class's
+    methods, so aiohttp's own calls -- ``json()``, ``text()``, ``async with``, ``wait_for_close`` -- go
+    through them too): a reply read or let go after its last byte arrived says so at once, which no
+    connection callback can (the connection went back to the pool at that byte). Only model calls' responses
+    are touched, and only weakly: a response that takes no attributes keeps the finalizer's end."""
+    ref = call.ref
+    assert ref is not None
+    try:
+        for name, hook in (("read", _ReadHook), ("release", _Hook), ("close", _Hook)):
+            setattr(response, name, hook(call, name, ref))
+    except AttributeError:  # pragma: no cover - a future aiohttp with __slots__
+        _remove_hooks(response)
+
+
+def _remove_hooks(response: aiohttp.ClientResponse) -> None:
+    own = getattr(response, "__dict__", None)
+    if own is not None:
+        for name in _HOOKED:
+            if isinstance(own.get(name), _Hook):
+                del own[name]
+
+
 def _live(response: aiohttp.ClientResponse) -> _ModelCall | None:
     call = _LIVE.get(id(response))
     if call is None or call.ref is None or call.ref() is not response:
@@ -495,7 +576,7 @@ def json_reply_read(response: aiohttp.ClientResponse, body: bytes) -> None:
     """``get_response_json`` read ``response``'s whole body: end its model call, if it is one."""
     call = _live(response)
     if call is not None:
-        call.json_read(body)
+        call.body_read(body, response.content_type)
 
 
 class SseEventTooLarge(ValueError):
