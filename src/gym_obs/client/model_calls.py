@@ -13,19 +13,23 @@ costs this one suffix check. Telemetry off: ``request()`` never gets here.
 over by the request observer, no longer current) stays open after ``request()`` returns and ends exactly
 once, at the first of:
 
-- the reply read through :func:`~gym_obs.client.errors.get_response_json` or :func:`iter_sse_data`: the
-  reply's facts go on the span, the metrics and the tally;
-- the connection let go before the whole reply arrived (``release()``, ``close()``, ``async with``, a read
-  error, the response collected): aiohttp's connection release callback; outcome ``cancelled`` (or
-  ``exception`` when the reply broke);
-- the response object collected (``weakref.finalize``) after the whole reply arrived but was read some other
-  way: outcome ``ok``, usage unknown, counted once as unparsable ``unread``.
+- the reply read whole or streamed: :func:`~gym_obs.client.errors.get_response_json`, :func:`iter_sse_data`,
+  or aiohttp's own ``read()`` / ``json()`` / ``text()``: the reply's facts go on the span, the metrics and
+  the rollout's tally (a body aiohttp already read inside ``request()``, ``_read_body=True``, is read at
+  once);
+- the response let go: ``release()``, ``close()``, ``async with``; before the reply's last byte this is
+  outcome ``cancelled``, after it ``ok`` with usage unknown (counted once as unparsable ``unread``, e.g. a
+  stream iterated by hand over ``response.content``);
+- the connection let go before the whole reply arrived (a read error, a response collected mid-reply):
+  aiohttp's connection release callback; ``cancelled``, or ``exception`` when the reply broke;
+- the response object collected with nothing said (a weak reference's callback): as if let go then.
 
-The span and the duration end at the reply's last byte when it is known (aiohttp's end-of-payload release),
-so a caller that reads late, or lets the response object live on, does not stretch them; such a span is
-exported when the response is released or collected. A reply with an error status (>= 400) or a request that
-raised ends its call at once. Nothing here holds the response: a weak reference, the connection's callback
-and a finalizer only, so dropping a response still frees it.
+aiohttp has no public per-response hook for the first two: the response's ``read``, ``release`` and
+``close`` are wrapped on the instance (:func:`_install_hooks`), for model calls only. The span and the
+duration end at the reply's last byte when it is known (aiohttp's end-of-payload release), so a caller that
+reads late does not stretch them. A reply with an error status (>= 400) or a request that raised ends its
+call at once. Nothing here holds the response strongly (a weak reference, the connection's callback, the
+instance's own wrappers), so dropping a response still frees it.
 
 **Never in the way.** The reply's bytes are the caller's: parsing for telemetry happens after the caller's
 read, on bounded input (a JSON reply over ``MAX_JSON_BYTES`` or an SSE event over the parser's line limit is
@@ -55,6 +59,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 import weakref
 from collections.abc import AsyncIterator, Mapping
@@ -72,7 +77,6 @@ from gym_obs.telemetry.genai import (
     SseEvents,
     clean_name,
     facts_from_json,
-    is_tail_event,
     update_from_event,
 )
 from gym_obs.telemetry.metrics import AttributeCache, Instruments
@@ -108,6 +112,15 @@ _ROUTES: Final = (
     (names.GEN_AI_ROUTE_MESSAGES, names.GEN_AI_OPERATION_MESSAGES),
 )
 _SUFFIXES: Final = tuple(s for route, _ in _ROUTES for s in (route, route + "/"))
+
+# After a stream's first content event, the events that can still change the facts (one C-level search per
+# event; the rest are deltas): chat chunks with a non-null usage or finish reason, the Responses final or
+# error events, Anthropic's message_delta or error.
+_LATE_EVENT: Final = {
+    names.GEN_AI_OPERATION_CHAT: re.compile(rb'"(?:usage|finish_reason)"\s*:\s*[^\sn]'),
+    names.GEN_AI_OPERATION_RESPONSES: re.compile(rb'"(?:response\.(?:completed|incomplete|failed)|error)"'),
+    names.GEN_AI_OPERATION_MESSAGES: re.compile(rb'"(?:message_delta|error)"'),
+}
 
 _log = logging.getLogger("gym_obs.client")
 _failed_once = False
@@ -155,10 +168,9 @@ def model_call_target(server_type: str, own_config: Mapping[str, Any]) -> ModelC
 def _operation(url: str) -> str | None:
     """The dialect a URL's path ends in, else None (a suffix check: what every other request pays)."""
     if not url.endswith(_SUFFIXES):
-        cut = min((i for i in (url.find("?"), url.find("#")) if i >= 0), default=-1)
-        if cut < 0:
+        if "?" not in url and "#" not in url:
             return None
-        url = url[:cut]
+        url = url.partition("?")[0].partition("#")[0]
         if not url.endswith(_SUFFIXES):
             return None
     path = url.rstrip("/")
@@ -210,7 +222,7 @@ _WITH_REASON: Final = AttributeCache(
 )
 
 # The live calls whose replies are still to be read, by id(response); an entry leaves when its call ends
-# (its response's finalizer ends it at the latest, so an id is never reused while it is here).
+# (its response's weak reference ends it at the latest, so an id is never reused while it is here).
 _LIVE: dict[int, _ModelCall] = {}
 # Scrubbed model names (they repeat; a scrub costs microseconds). Bounded, cleared when full.
 _SCRUBBED: dict[str, str] = {}
@@ -231,7 +243,7 @@ class _ModelCall:
     """One model call from request to end (see the module docstring); ends exactly once."""
 
     __slots__ = (
-        "address", "ended", "eof_at", "eof_ns", "facts", "finalizer", "first_at", "key", "operation", "port",
+        "address", "ended", "eof_at", "eof_ns", "facts", "first_at", "key", "operation", "port",
         "ref", "request_model", "server", "span", "started", "streamed", "tally", "target",
     )  # fmt: skip
 
@@ -255,7 +267,6 @@ class _ModelCall:
         self.span: Span | None = None
         self.ref: weakref.ref[aiohttp.ClientResponse] | None = None
         self.key = 0
-        self.finalizer: weakref.finalize[Any, Any] | None = None
         self.eof_at: float | None = None
         self.eof_ns: int | None = None
         self.first_at: float | None = None
@@ -282,11 +293,10 @@ class _ModelCall:
             return
         self.span = span
         try:
-            self.ref = weakref.ref(response)
+            # the weak reference's callback is the end of last resort (kept alive by _LIVE while it matters)
+            self.ref = weakref.ref(response, self._collected)
             self.key = id(response)
             _LIVE[self.key] = self
-            self.finalizer = finalizer = weakref.finalize(response, self._collected)
-            finalizer.atexit = False
             connection = response.connection
             if connection is None:  # the whole reply is already here (and the connection back in the pool)
                 self._mark_eof()
@@ -346,7 +356,7 @@ class _ModelCall:
                 elif self.first_at is None:
                     if update_from_event(self.operation, data, facts):
                         self._first_content()
-                elif is_tail_event(data):  # after the first content only late events can change the facts
+                elif _LATE_EVENT[self.operation].search(data):  # after the first content, only these matter
                     update_from_event(self.operation, data, facts)
         except Exception:
             _internal_failure()
@@ -405,9 +415,12 @@ class _ModelCall:
         except Exception:
             _internal_failure()
 
-    def _collected(self) -> None:
+    def _collected(self, _ref: object) -> None:
         """The response was collected and nothing said how its reply ended: as if let go now."""
-        self.let_go()
+        try:
+            self.let_go()
+        except Exception:  # pragma: no cover - let_go guards itself; a weakref callback must not raise
+            _internal_failure()
 
     # -- the end -------------------------------------------------------------------------------------------
 
@@ -419,11 +432,10 @@ class _ModelCall:
             return
         if _LIVE.get(self.key) is self:
             del _LIVE[self.key]
-        if self.finalizer is not None:
-            self.finalizer.detach()
         response = self.ref() if self.ref is not None else None
         if response is not None:
             _remove_hooks(response)
+        self.ref = None  # the weak reference's callback holds this call: no cycle left behind
         span = self.span
         if span is not None and error is not None and span.is_recording():
             record_exception(span, error)
@@ -547,7 +559,7 @@ def _install_hooks(response: aiohttp.ClientResponse, call: _ModelCall) -> None:
     methods, so aiohttp's own calls -- ``json()``, ``text()``, ``async with``, ``wait_for_close`` -- go
     through them too): a reply read or let go after its last byte arrived says so at once, which no
     connection callback can (the connection went back to the pool at that byte). Only model calls' responses
-    are touched, and only weakly: a response that takes no attributes keeps the finalizer's end."""
+    are touched, and only weakly: a response that takes no attributes keeps the weak reference's end."""
     ref = call.ref
     assert ref is not None
     try:
