@@ -22,14 +22,14 @@ once, at the first of:
   stream iterated by hand over ``response.content``);
 - the connection let go before the whole reply arrived (a read error, a response collected mid-reply):
   aiohttp's connection release callback; ``cancelled``, or ``exception`` when the reply broke;
-- the response object collected with nothing said (a weak reference's callback): as if let go then.
+- the response object collected with nothing said (``weakref.finalize``): as if let go then.
 
 aiohttp has no public per-response hook for the first two: the response's ``read``, ``release`` and
 ``close`` are wrapped on the instance (:func:`_install_hooks`), for model calls only. The span and the
 duration end at the reply's last byte when it is known (aiohttp's end-of-payload release), so a caller that
 reads late does not stretch them. A reply with an error status (>= 400) or a request that raised ends its
-call at once. Nothing here holds the response strongly (a weak reference, the connection's callback, the
-instance's own wrappers), so dropping a response still frees it.
+call at once. Nothing here holds the response strongly (a weak reference, a finalizer, the connection's
+callback, the instance's own wrappers), so dropping a response still frees it.
 
 **Never in the way.** The reply's bytes are the caller's: parsing for telemetry happens after the caller's
 read, on bounded input (a JSON reply over ``MAX_JSON_BYTES`` or an SSE event over the parser's line limit is
@@ -224,9 +224,6 @@ _WITH_REASON: Final = AttributeCache(
     *_BASE_KEYS, names.ATTR_GEN_AI_UNPARSABLE_REASON, max_entries=_MAX_CACHED
 )
 
-# The live calls whose replies are still to be read, by id(response); an entry leaves when its call ends
-# (its response's weak reference ends it at the latest, so an id is never reused while it is here).
-_LIVE: dict[int, _ModelCall] = {}
 # Scrubbed model names (they repeat; a scrub costs microseconds). Bounded, cleared when full.
 _SCRUBBED: dict[str, str] = {}
 
@@ -246,7 +243,7 @@ class _ModelCall:
     """One model call from request to end (see the module docstring); ends exactly once."""
 
     __slots__ = (
-        "address", "ended", "eof_at", "eof_ns", "facts", "first_at", "key", "operation", "port",
+        "address", "ended", "eof_at", "eof_ns", "facts", "finalizer", "first_at", "operation", "port",
         "ref", "request_model", "server", "span", "started", "streamed", "tally", "target",
     )  # fmt: skip
 
@@ -269,7 +266,7 @@ class _ModelCall:
         self.facts = ReplyFacts()
         self.span: Span | None = None
         self.ref: weakref.ref[aiohttp.ClientResponse] | None = None
-        self.key = 0
+        self.finalizer: weakref.finalize[Any, Any] | None = None
         self.eof_at: float | None = None
         self.eof_ns: int | None = None
         self.first_at: float | None = None
@@ -296,10 +293,10 @@ class _ModelCall:
             return
         self.span = span
         try:
-            # the weak reference's callback is the end of last resort (kept alive by _LIVE while it matters)
-            self.ref = weakref.ref(response, self._collected)
-            self.key = id(response)
-            _LIVE[self.key] = self
+            self.ref = weakref.ref(response)
+            # the end of last resort: the stdlib's finalizer registry keeps it alive, cycles included
+            self.finalizer = finalizer = weakref.finalize(response, self._collected)
+            finalizer.atexit = False
             connection = response.connection
             if connection is None:  # the whole reply is already here (and the connection back in the pool)
                 self._mark_eof()
@@ -418,7 +415,7 @@ class _ModelCall:
         except Exception:
             _internal_failure()
 
-    def _collected(self, _ref: object) -> None:
+    def _collected(self) -> None:
         """The response was collected and nothing said how its reply ended: as if let go now."""
         try:
             self.let_go()
@@ -433,12 +430,11 @@ class _ModelCall:
         """End a call whose span is ours (a reply came), and let go of the response."""
         if self.ended:
             return
-        if _LIVE.get(self.key) is self:
-            del _LIVE[self.key]
+        if self.finalizer is not None:
+            self.finalizer.detach()
         response = self.ref() if self.ref is not None else None
         if response is not None:
             _remove_hooks(response)
-        self.ref = None  # the weak reference's callback holds this call: no cycle left behind
         span = self.span
         if span is not None and error is not None and span.is_recording():
             record_exception(span, error)
@@ -561,8 +557,9 @@ def _install_hooks(response: aiohttp.ClientResponse, call: _ModelCall) -> None:
     """Wrap this response's ``read``, ``release`` and ``close`` (instance attributes shadow the class's
     methods, so aiohttp's own calls -- ``json()``, ``text()``, ``async with``, ``wait_for_close`` -- go
     through them too): a reply read or let go after its last byte arrived says so at once, which no
-    connection callback can (the connection went back to the pool at that byte). Only model calls' responses
-    are touched, and only weakly: a response that takes no attributes keeps the weak reference's end."""
+    connection callback can (the connection went back to the pool at that byte). They also tell the helpers
+    which call a response belongs to, so no registry is kept. Only model calls' responses are touched; one
+    that takes no attributes keeps the connection's and the finalizer's ends."""
     ref = call.ref
     assert ref is not None
     try:
@@ -581,10 +578,11 @@ def _remove_hooks(response: aiohttp.ClientResponse) -> None:
 
 
 def _live(response: aiohttp.ClientResponse) -> _ModelCall | None:
-    call = _LIVE.get(id(response))
-    if call is None or call.ref is None or call.ref() is not response:
-        return None
-    return call
+    """The model call whose reply ``response`` is, while it is open: its wrappers know it (no registry)."""
+    hook = getattr(response, "__dict__", {}).get("read")
+    if isinstance(hook, _Hook) and not hook.call.ended:
+        return hook.call
+    return None
 
 
 def json_reply_read(response: aiohttp.ClientResponse, body: bytes) -> None:
