@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import sys
@@ -28,9 +27,11 @@ from typing import Any
 
 from aiohttp import web
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+_HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(_HERE.parent / "src"))
+sys.path.insert(0, str(_HERE))
 
-from gym_obs.client import (
+from gym_obs.client import (  # noqa: E402 - after the path set-up
     NOT_A_MODEL_CALL,
     GlobalAIOHTTPAsyncClientConfig,
     close_global_aiohttp_client,
@@ -39,44 +40,19 @@ from gym_obs.client import (
     request,
     set_global_aiohttp_client,
 )
-from gym_obs.client._observe import RequestObserver
-from gym_obs.client._options import RequestOptions
-from gym_obs.client.model_calls import observe_model_call
-from gym_obs.telemetry.testing import capture_telemetry
+from gym_obs.client._observe import RequestObserver  # noqa: E402
+from gym_obs.client._options import RequestOptions  # noqa: E402
+from gym_obs.client.model_calls import observe_model_call  # noqa: E402
+from gym_obs.telemetry.testing import capture_telemetry  # noqa: E402
+from model_calls import _JSON_REPLY, _events  # noqa: E402 - the model-call benchmark's replies
 
 PORT = 30860
 BASE = f"http://127.0.0.1:{PORT}"
 CHUNKS = 100
 
 
-def _sse(data: Any) -> bytes:
-    return b"data: " + (data if isinstance(data, bytes) else json.dumps(data).encode()) + b"\n\n"
-
-
-def _stream() -> bytes:
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        return {"id": "c1", "model": "m", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-
-    usage = {"prompt_tokens": 120, "completion_tokens": CHUNKS}
-    events = [
-        _sse(chunk({"role": "assistant", "content": ""})),
-        *(_sse(chunk({"content": f" token{n}"})) for n in range(CHUNKS)),
-        _sse(chunk({}, "stop")),
-        _sse({"id": "c1", "model": "m", "choices": [], "usage": usage}),
-        _sse(b"[DONE]"),
-    ]
-    return b"".join(events)
-
-
-REPLY = json.dumps(
-    {
-        "id": "c1",
-        "model": "m",
-        "choices": [{"index": 0, "message": {"content": "hello " * 100}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 120, "completion_tokens": 100},
-    }
-).encode()
-STREAM = _stream()
+REPLY = _JSON_REPLY
+STREAM = b"".join(_events(CHUNKS))
 
 
 async def _serve() -> web.AppRunner:

@@ -37,6 +37,7 @@ from gym_obs.client import (
 from gym_obs.telemetry import names
 from gym_obs.telemetry.testing import Capture, MetricPoint, telemetry_state
 from tests.integration.test_model_calls_replies import (
+    HOSTILE,
     MODEL,
     OPERATIONS,
     ROUTES,
@@ -188,18 +189,7 @@ async def test_the_client_span_carries_what_the_server_span_got(
 
 
 @pytest.mark.parametrize("operation", OPERATIONS)
-@pytest.mark.parametrize(
-    ("scenario", "stream", "reason"),
-    [
-        ("malformed", False, "malformed"),
-        ("malformed", True, "malformed"),
-        ("truncated", True, "truncated"),
-        ("no_usage", False, "missing_usage"),
-        ("no_usage", True, "missing_usage"),
-        ("negative", False, "invalid_usage"),
-        ("negative", True, "invalid_usage"),
-    ],
-)
+@pytest.mark.parametrize(("scenario", "stream", "reason"), HOSTILE)
 async def test_hostile_replies_reach_the_caller_whole_and_count_once(
     client: ServerClient, telemetry: Capture, operation: str, scenario: str, stream: bool, reason: str
 ) -> None:
