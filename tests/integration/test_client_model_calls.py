@@ -407,3 +407,20 @@ async def test_with_telemetry_off_nothing_runs_and_the_helpers_still_read(client
         assert tally.model_calls == 0  # the tally is fed by the model-call telemetry only
     finally:
         state.restore(snapshot)
+
+
+async def test_a_body_read_inside_request_ends_the_call_with_the_whole_http_span(
+    client: ServerClient, telemetry: Capture
+) -> None:
+    """``_read_body=True``: the reply is read inside request(), so the call ends at once, after the observer
+    gave the span its status (and, for a retried request, its resend count)."""
+    operation = names.GEN_AI_OPERATION_CHAT
+    payload = {"operation": operation, "scenario": "ok", "model": MODEL}
+    response = await client.post(
+        SERVER, ROUTES[operation], json=payload, _route=ROUTES[operation], _read_body=True
+    )
+    attributes = one_client_span(telemetry, operation)  # ended before anyone read the reply
+    assert attributes[names.ATTR_HTTP_RESPONSE_STATUS_CODE] == 200
+    assert attributes[names.ATTR_GEN_AI_USAGE_INPUT_TOKENS] == 11
+    assert (await get_response_json(response))["usage"]["prompt_tokens"] == 11
+    assert token_sums(telemetry) == TOKENS  # read once, not twice

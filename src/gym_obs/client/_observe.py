@@ -302,8 +302,8 @@ class RequestObserver:
             call.replied(response, INVALID_SPAN)
             return
         span = self.open()
-        call.replied(response, span)
         if status >= 400:
+            call.replied(response, span)
             self.end_ok(status)
             return
         span.set_attribute(names.ATTR_HTTP_RESPONSE_STATUS_CODE, status)
@@ -311,6 +311,7 @@ class RequestObserver:
             span.set_attribute(names.ATTR_HTTP_REQUEST_RESEND_COUNT, self.attempts - 1)
         otel_context.detach(self.token)  # type: ignore[arg-type]
         self.token = None
+        call.replied(response, span)  # the call ends the span (at once if the body was already read)
 
     def end_failed(self, exc: BaseException) -> None:
         """The request raised. An exception is recorded and makes the span an error, with the last
