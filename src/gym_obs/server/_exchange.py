@@ -32,12 +32,22 @@ StartHook = Callable[["Exchange", Message], Message]
 class Exchange:
     """One request and its reply, as the gym layers see it (each field is written by one layer)."""
 
-    __slots__ = ("_bound", "_hooks", "caller_gone", "failure_log", "final_report", "response_started")
+    __slots__ = (
+        "_bound",
+        "_hooks",
+        "caller_gone",
+        "failure_log",
+        "final_report",
+        "response_started",
+        "status",
+    )
 
     def __init__(self) -> None:
         self._bound = False
         self._hooks: list[StartHook] | None = None
         self.response_started = False
+        #: the reply's status (0 until the reply starts), for the SERVER span and its duration point
+        self.status = 0
         #: set by the disconnect layer when it cancelled the handler for a caller that went away
         self.caller_gone = False
         #: the failure layer's log of this request, and the report of the failure it replies with
@@ -67,14 +77,17 @@ class Exchange:
         self._bound = True
 
         async def exchange_send(message: Message) -> None:
-            if self.caller_gone:
-                return  # the handler was cancelled for a caller that went away: nothing goes out after that
             if message["type"] == "http.response.start":
+                self.status = message["status"]
+                if self.caller_gone:
+                    return  # the handler was cancelled for a caller that went away: nothing goes out
                 self.response_started = True
                 hooks = self._hooks
                 if hooks is not None:
                     for hook in reversed(hooks):
                         message = hook(self, message)
+            elif self.caller_gone:
+                return
             await send(message)
 
         return exchange_send
