@@ -7,7 +7,9 @@ every layer wrapping ``send`` to find out, the first layer that needs it binds t
 (:meth:`Exchange.bind`); the others register hooks on the ``http.response.start`` message. Hooks run
 innermost layer first, as if each layer had wrapped ``send`` itself.
 
-Cost per request: one small object and one ``send`` wrapper for all the layers together.
+The outermost gym layer (``_context``) creates the exchange and binds ``send``, so the layers inside get
+the shared wrapper and only look the exchange up. Cost per request: one small object and one ``send``
+wrapper for all the layers together.
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ class Exchange:
         exchange: Exchange | None = scope.get(EXCHANGE_SCOPE_KEY)
         if exchange is None:
             exchange = scope[EXCHANGE_SCOPE_KEY] = Exchange()
+        elif exchange._bound:
+            return exchange, send  # (the common case, without the call to bind)
         return exchange, exchange.bind(send)
 
     def bind(self, send: Send) -> Send:
