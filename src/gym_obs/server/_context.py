@@ -73,10 +73,9 @@ class PathContextMiddleware:
         if self.hide_query and STATE.enabled:
             hide_from_instrumentation(scope)
         if rollout_id is None:
-            for key, value in scope["headers"]:
-                if key == _ROLLOUT_HEADER:
-                    rollout_id = _header_rollout_id(value)
-                    break
+            headers = scope["headers"]
+            if _ROLLOUT_HEADER in dict(headers):  # (built in C: cheaper than a Python loop over them)
+                rollout_id = _header_rollout_id(next(v for k, v in headers if k == _ROLLOUT_HEADER))
             if rollout_id is None:
                 await self.app(scope, receive, send)
                 return

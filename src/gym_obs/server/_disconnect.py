@@ -197,7 +197,8 @@ class DisconnectCancelMiddleware:
             return
         polled = sweeper.polled
         polled[task] = (cycle, scope.get(EXCHANGE_SCOPE_KEY))
-        sweeper.start()
+        if sweeper.task is None:
+            sweeper.start()
         try:
             await self.app(scope, receive, send)
         except asyncio.CancelledError:
@@ -205,7 +206,7 @@ class DisconnectCancelMiddleware:
                 raise
         finally:
             polled.pop(task, None)  # (pop: a re-entered layer may have removed it already)
-            if sweeper.cancelled and task in sweeper.cancelled:
+            if sweeper.cancelled and task in sweeper.cancelled:  # (empty, hence false, but on a disconnect)
                 sweeper.cancelled.discard(task)
                 task.uncancel()  # the handler swallowed our cancellation: undo it
 

@@ -24,7 +24,7 @@ import hmac
 import os
 import secrets
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -210,18 +210,17 @@ def json_field_value(body: bytes, field: str) -> str | None:
 
 
 def session_from_headers(
-    headers: Iterable[tuple[bytes, bytes]], signer: SessionSigner, routing: OwnedSessionRouting
+    headers: Sequence[tuple[bytes, bytes]], signer: SessionSigner, routing: OwnedSessionRouting
 ) -> str | None:
-    """The session a valid token names: the ``X-NG-Session`` header first, then the cookie (one pass)."""
-    header_token: bytes | None = None
-    cookies: list[bytes] | None = None
-    for key, value in headers:
-        if key == _HEADER:
-            header_token = value
-        elif key == b"cookie":
-            if cookies is None:
-                cookies = []
-            cookies.append(value)
+    """The session a valid token names: the ``X-NG-Session`` header first (the last one), then the cookie.
+
+    The headers are looked up through a dict built in C (every request passes here, and a Python loop
+    over the headers costs several times more); only a request with a cookie walks them for every
+    ``Cookie`` header.
+    """
+    by_name = dict(headers)
+    header_token = by_name.get(_HEADER)
+    cookies = [value for key, value in headers if key == b"cookie"] if b"cookie" in by_name else None
     if header_token is not None and routing.header:
         found = signer.verify(header_token.decode("latin-1").strip(), routing.ownership_ttl_s)
         if found is not None:
