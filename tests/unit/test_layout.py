@@ -60,6 +60,7 @@ LAYERS: dict[str, int] = {
 #: Inside ``client/`` a module imports only modules listed before it (issue 17's target pipeline).
 CLIENT_ORDER: list[str] = [
     "_options",
+    "model_calls",
     "errors",
     "_retry",
     "_fair_connector",
@@ -92,8 +93,10 @@ PRIVATE_SEAMS: dict[str, str] = {
     "gym_obs.harness.servers._common:failure_for_call": "the demo servers' failure mapping, without servers",
     "gym_obs.telemetry._sdk_env": "the import-time repair of OTEL_* values, run again on a planted env",
     "gym_obs.telemetry._otlp_json": "the direct OTLP/JSON encoder, compared with the official one",
+    "gym_obs.telemetry._otlp_proto": "the direct OTLP protobuf encoder, byte for byte against the official",
     "gym_obs.telemetry._fanout": "one reader feeding several exporters, with a hung and a failing one",
     "gym_obs.telemetry._exporters:SafeMetricExporter": "the never-raising wrapper around a fan-out",
+    "gym_obs.telemetry._exporters:otlp_span_exporter": "the OTLP span exporters gym builds, on receivers",
     "gym_obs.telemetry._exemplars": "which spans make a point eligible for an exemplar",
     "gym_obs.server._session_routing:owner_slot": "which worker owns a session id (the routing hash)",
     "gym_obs.server._failure_reply:boundary_for_server_type": "the server type -> failure boundary table",

@@ -4,7 +4,8 @@ A process started by the launcher already has the resolved global config in its 
 (``GYM_OBS_GLOBAL_CONFIG``); any other process (a harness, a notebook) fetches it from the head server.
 ``ServerClient`` requests go through :func:`gym_obs.client.request` as internal gym calls, so they get the
 retries, the CLIENT span, trace propagation and the ``gym.server.name`` label; the current rollout id
-travels as the ``X-NG-Rollout-Id`` header (and on the span as ``gym.rollout.id``).
+travels as the ``X-NG-Rollout-Id`` header (and on the span as ``gym.rollout.id``). The destination's config
+says whether its dialect routes are model calls, with which provider and model allow-list.
 
 Code that is not a gym client (third-party SDKs, subprocess agents) uses :func:`get_server_url`. A
 subprocess agent (a harness in a sandbox, a CLI tool) cannot read the global config or carry a context
@@ -29,6 +30,7 @@ import aiohttp
 
 from gym_obs.client._request import request
 from gym_obs.client._sessions import default_server_client, get_global_aiohttp_control_client
+from gym_obs.client.model_calls import ModelCallTarget, model_call_target
 from gym_obs.config import (
     ConfigError,
     GlobalConfig,
@@ -158,6 +160,7 @@ class ServerClient:
         self.global_config = global_config
         self.head_server_config = head_server_config or global_config.head_server
         self._base_urls: dict[str, str] = {}
+        self._model_targets: dict[str, ModelCallTarget] = {}
 
     @classmethod
     def load_from_global_config(cls, head_server_config: HeadServerConfig | None = None) -> ServerClient:
@@ -212,9 +215,21 @@ class ServerClient:
             headers = dict(kwargs.get("headers") or {})
             headers.setdefault(names.ROLLOUT_ID_HEADER, rollout_id)
             kwargs["headers"] = headers
-        return await request(
-            method, self.url(server_name, url_path), _internal=True, _server_name=server_name, **kwargs
-        )
+        url = self.url(server_name, url_path)
+        if "_model_call" not in kwargs:
+            kwargs["_model_call"] = self.model_call_target(server_name)
+        return await request(method, url, _internal=True, _server_name=server_name, **kwargs)
+
+    def model_call_target(self, server_name: str) -> ModelCallTarget:
+        """What the config says about ``server_name`` as a model endpoint, by the rule its own model-call
+        layer follows: its calls to the dialect routes are model calls, with its provider and allow-list."""
+        target = self._model_targets.get(server_name)
+        if target is None:
+            server = self.server_config(server_name)
+            target = self._model_targets[server_name] = model_call_target(
+                server.server_type, server.own_config()
+            )
+        return target
 
     async def get(self, server_name: str, url_path: str, **kwargs: Any) -> aiohttp.ClientResponse:
         return await self.request(server_name, url_path, "GET", **kwargs)

@@ -3,7 +3,8 @@
 An agent's rollout route opts in with :func:`rollout_route` (a decorator) or :func:`rollout_scope` (a
 ``with`` block). Inside, every request the agent makes is a child of the ``gym.rollout`` span and carries
 the rollout id; the agent's model calls report what they cost to :func:`current_rollout` (tokens, first-token
-time) and time themselves with :meth:`RolloutTally.model_call`. When the block ends, the span gets the
+time, time in flight: on their own while telemetry is on and the reply is read through ``get_response_json``
+or ``iter_sse_data``; by hand otherwise). When the block ends, the span gets the
 outcome, the token totals and, for a failure, the root failure kind, and ``gym.rollouts`` /
 ``gym.rollout.duration`` are recorded by outcome:
 
@@ -19,12 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import functools
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any, Final, ParamSpec, TypeVar
+from contextvars import Token
+from typing import Final, ParamSpec, TypeVar
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanKind
@@ -33,109 +35,28 @@ from gym_obs.failures import NgFailureEvent
 from gym_obs.telemetry import names
 from gym_obs.telemetry._state import STATE
 from gym_obs.telemetry.metrics import AttributeCache
-from gym_obs.telemetry.propagation import current_rollout_id, rollout_context
-from gym_obs.telemetry.spans import record_exception, set_span_error
+from gym_obs.telemetry.propagation import ROLLOUT_ID
+from gym_obs.telemetry.spans import record_exception, set_span_error, set_trusted_attributes
 
-__all__ = ["RolloutOmitted", "RolloutTally", "current_rollout", "rollout_route", "rollout_scope"]
+# The tally's home is telemetry (the client feeds it); its public names stay importable from here.
+from gym_obs.telemetry.tally import RolloutTally as RolloutTally
+from gym_obs.telemetry.tally import current_rollout as current_rollout
+from gym_obs.telemetry.tally import tally_context
+
+__all__ = ["RolloutOmitted", "rollout_route", "rollout_scope"]
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
-#: Samples of time to first token kept per rollout (a rollout makes tens of calls; this bounds a runaway one).
-MAX_TTFT_SAMPLES: Final = 4096
 #: A cause chain is followed this deep for the root failure kind.
 _MAX_CHAIN: Final = 64
 
-_CURRENT: contextvars.ContextVar[RolloutTally | None] = contextvars.ContextVar("gym_rollout", default=None)
 _OUTCOME_ATTRIBUTES: Final = AttributeCache(names.ATTR_ROLLOUT_OUTCOME)
 
 
 class RolloutOmitted(Exception):
     """Raise inside a rollout when the system decides not to produce a result (admission refused, budget
     exhausted): it is counted ``omitted`` -- neither a failure of the rollout nor a result."""
-
-
-class RolloutTally:
-    """What one rollout's model calls cost: tokens, calls, first-token times, time with a call in flight.
-
-    ``model_time_s`` is the time during which at least one model call was in flight (parallel calls are not
-    counted twice), so ``duration - model_time_s`` is the time spent elsewhere (tools, verification, the
-    agent's own work).
-    """
-
-    __slots__ = (
-        "_busy_since",
-        "_in_flight",
-        "input_tokens",
-        "model_calls",
-        "model_time_s",
-        "output_tokens",
-        "rollout_id",
-        "started",
-        "ttfts",
-    )
-
-    def __init__(self, rollout_id: str | None) -> None:
-        self.rollout_id = rollout_id
-        self.started = time.perf_counter()
-        self.input_tokens = 0
-        self.output_tokens = 0
-        self.model_calls = 0
-        self.model_time_s = 0.0
-        self.ttfts: list[float] = []
-        self._in_flight = 0
-        self._busy_since = 0.0
-
-    @contextlib.contextmanager
-    def model_call(self) -> Iterator[None]:
-        """Time one model call (counted once it starts, whatever its end)."""
-        self.model_calls += 1
-        if self._in_flight == 0:
-            self._busy_since = time.perf_counter()
-        self._in_flight += 1
-        try:
-            yield
-        finally:
-            self._in_flight -= 1
-            if self._in_flight == 0:
-                self.model_time_s += time.perf_counter() - self._busy_since
-
-    def add_usage(self, input_tokens: int | None, output_tokens: int | None) -> None:
-        """Add one reply's reported usage (invalid counts are ignored)."""
-        if type(input_tokens) is int and input_tokens >= 0:
-            self.input_tokens += input_tokens
-        if type(output_tokens) is int and output_tokens >= 0:
-            self.output_tokens += output_tokens
-
-    def add_ttft(self, seconds: float) -> None:
-        """Add one streamed call's time to its first content chunk, as the agent saw it."""
-        if seconds >= 0 and len(self.ttfts) < MAX_TTFT_SAMPLES:
-            self.ttfts.append(seconds)
-
-    def summary(self, duration_s: float | None = None) -> dict[str, Any]:
-        """The tallies as JSON-ready numbers (what an agent's reply and the harness rows carry)."""
-        duration = time.perf_counter() - self.started if duration_s is None else duration_s
-        ordered = sorted(self.ttfts)
-        return {
-            "input_tokens": self.input_tokens,
-            "output_tokens": self.output_tokens,
-            "model_calls": self.model_calls,
-            "ttft_p50_s": _quantile(ordered, 0.5),
-            "ttft_p99_s": _quantile(ordered, 0.99),
-            "model_time_s": round(self.model_time_s, 6),
-            "other_time_s": round(max(0.0, duration - self.model_time_s), 6),
-        }
-
-
-def _quantile(ordered: list[float], q: float) -> float | None:
-    if not ordered:
-        return None
-    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 6)
-
-
-def current_rollout() -> RolloutTally | None:
-    """The tally of the rollout this code runs in (inside :func:`rollout_scope`), else None."""
-    return _CURRENT.get()
 
 
 def root_failure_kind(error: BaseException) -> str | None:
@@ -159,49 +80,47 @@ def _outcome_of(error: BaseException | None) -> str:
     return names.ROLLOUT_OUTCOME_FAILED
 
 
-@contextlib.contextmanager
-def _span(rollout_id: str | None) -> Iterator[Span | None]:
+def _start_span(rollout_id: str | None) -> tuple[Span | None, Token[Context] | None]:
+    """The rollout's span, started and made current (with the token to detach it), or ``(None, None)``."""
     tracer = STATE.tracer
     if not (STATE.enabled and STATE.traces_enabled and STATE.groups.rollout) or tracer is None:
-        yield None
-        return
-    attributes = {names.ATTR_ROLLOUT_ID: rollout_id} if rollout_id is not None else {}
+        return None, None
+    attributes = {names.ATTR_ROLLOUT_ID: rollout_id} if rollout_id is not None else None
     parent: Context | None = None
-    links: list[Link] = []
+    links: list[Link] | None = None
     if STATE.groups.rollout_is_root:  # per_rollout preset: each rollout its own trace, linked to the caller
         caller = trace.get_current_span().get_span_context()
         parent = Context()
-        links = [Link(caller)] if caller.is_valid else []
-    with tracer.start_as_current_span(
-        names.SPAN_ROLLOUT,
-        context=parent,
-        kind=SpanKind.INTERNAL,
-        links=links,
-        attributes=attributes,
-        record_exception=False,
-        set_status_on_exception=False,
-    ) as span:
-        yield span
+        links = [Link(caller)] if caller.is_valid else None
+    span = tracer.start_span(
+        names.SPAN_ROLLOUT, context=parent, kind=SpanKind.INTERNAL, links=links, attributes=attributes
+    )
+    return span, otel_context.attach(trace.set_span_in_context(span))
 
 
 @contextlib.contextmanager
 def rollout_scope(rollout_id: str | None = None) -> Iterator[RolloutTally]:
-    """Run the block as one rollout (see the module docstring); ``rollout_id`` defaults to the request's."""
-    rollout_id = rollout_id if rollout_id is not None else current_rollout_id()
-    tally = RolloutTally(rollout_id)
-    token = _CURRENT.set(tally)
+    """Run the block as one rollout (see the module docstring); ``rollout_id`` defaults to the request's.
+
+    The rollout id and the span are set and reset here directly rather than by two more nested context
+    managers (one generator each, per rollout).
+    """
+    rollout_id = rollout_id if rollout_id is not None else ROLLOUT_ID.get()
     error: BaseException | None = None
-    try:
-        with rollout_context(rollout_id), _span(rollout_id) as span:
-            try:
-                yield tally
-            except BaseException as exc:
-                error = exc
-                raise
-            finally:
-                _finish(span, tally, error)
-    finally:
-        _CURRENT.reset(token)
+    with tally_context(rollout_id) as tally:
+        id_token = ROLLOUT_ID.set(rollout_id)
+        span, span_token = _start_span(rollout_id)
+        try:
+            yield tally
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            _finish(span, tally, error)
+            if span is not None and span_token is not None:
+                otel_context.detach(span_token)
+                span.end()
+            ROLLOUT_ID.reset(id_token)
 
 
 def _finish(span: Span | None, tally: RolloutTally, error: BaseException | None) -> None:
@@ -210,13 +129,14 @@ def _finish(span: Span | None, tally: RolloutTally, error: BaseException | None)
         duration = time.perf_counter() - tally.started
         outcome = _outcome_of(error)
         if span is not None:
-            span.set_attributes(
+            set_trusted_attributes(  # built here, already valid: one pass without the SDK's re-checks
+                span,
                 {
                     names.ATTR_ROLLOUT_OUTCOME: outcome,
                     names.ATTR_ROLLOUT_INPUT_TOKENS: tally.input_tokens,
                     names.ATTR_ROLLOUT_OUTPUT_TOKENS: tally.output_tokens,
                     names.ATTR_ROLLOUT_MODEL_CALLS: tally.model_calls,
-                }
+                },
             )
             if outcome == names.ROLLOUT_OUTCOME_FAILED and isinstance(error, Exception):
                 kind = root_failure_kind(error)
