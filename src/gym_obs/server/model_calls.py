@@ -211,6 +211,9 @@ class _Call:
                     self._too_large()
         else:
             try:
+                if mode == _WAITING and message["type"] == _START:
+                    self._start(message)
+                    return self._send(message)
                 self._inspect(message)
             except Exception:
                 _internal_failure()
@@ -260,7 +263,8 @@ class _Call:
             self._head(message.get("body", b""))
 
     def _start(self, message: Message) -> None:
-        self.status = status = int(message.get("status", 200))
+        status = message.get("status", 200)
+        self.status = status = status if type(status) is int else int(status)
         if status >= 400:
             self.mode = _PASS
             return
@@ -445,8 +449,8 @@ def _ends_with_the_app(span: Span) -> bool:
 
 
 def _server_span() -> Span | None:
-    span = current_recorded_span()
-    if span is not None and span.is_recording() and getattr(span, "kind", None) is SpanKind.SERVER:
+    span = current_recorded_span()  # at a request's start it has not ended: it is recording
+    if span is not None and getattr(span, "kind", None) is SpanKind.SERVER:
         return span
     return None
 
