@@ -10,8 +10,12 @@ the dialect by route and watches what the handler sends:
   then only a reference to each later chunk is kept in a small ring, and the ring's last events (where
   usage and finish reasons live) are read once after the last byte went out.
 
-No byte is held back or delayed: every message is passed on as it comes. Nothing here raises into the reply
-path; a reply that cannot be read costs its token metrics and is counted once as unparsable.
+No byte is held back or delayed: every message is passed on as it comes. Under gym's own SERVER span (it
+ends when the app returns) the reply is read and recorded after the app returned; under a span that ends
+with the last body message (contrib's), the final bytes go out, then the reply is read, then the end of the
+body. The metric points of a call go in at once, to series bound once per label combination (one exemplar
+decision per call, on the latency points). Nothing here raises into the reply path; a reply that cannot be
+read costs its token metrics and is counted once as unparsable.
 """
 
 from __future__ import annotations

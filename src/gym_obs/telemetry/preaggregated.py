@@ -3,8 +3,8 @@
 Why: the SDK's ``Histogram.record`` / ``Counter.add`` cost several microseconds per point (a measurement
 object, the attributes hashed into a frozenset once per reader, a lock per storage, the exemplar filter and
 reservoir); every HTTP hop records one or two points and a model call four to six. These instruments keep
-one small state per attribute set (bucket counts, sum, count, min, max) and cost a dict lookup, a bisect,
-a lock and, when the point is eligible, an exemplar slot per measurement. A caller that records several
+one small state per attribute set (bucket counts, sum, min, max) and cost a dict lookup, a bisect, a lock
+and, when the point is eligible, an exemplar slot per measurement. A caller that records several
 points under one span to fixed label combinations binds them once (:meth:`_Instrument.bind`) and decides
 the exemplar once (:meth:`PreAggregation.exemplar`).
 
@@ -15,11 +15,14 @@ What they keep of the SDK path:
   in-memory reader of tests) gets them as ordinary SDK metric data, next to the SDK's own metrics, under the
   same resource and instrumentation scope, cumulative or delta as that reader prefers per instrument kind;
 - exemplars: the provider's exemplar filter decides which measurements are eligible
-  (:func:`gym_obs.telemetry._exemplars.exemplar_sampler`); like the SDK's default reservoirs, a histogram
-  keeps the last eligible measurement per bucket and a sum the last one per series, and each reader gets
-  those made since its own previous collection;
+  (:func:`gym_obs.telemetry._exemplars.exemplar_sampler`); a histogram keeps the last eligible measurement
+  per bucket, as the SDK's aligned reservoir does, a sum the last one per series (the SDK's keeps a random
+  one), and each reader gets those made since its own previous collection, as from the SDK's;
 - views: none apply to a pre-aggregated instrument, so one that a configured view could select is not
   pre-aggregated at all (:meth:`PreAggregation.covers`; the caller creates the SDK's instrument).
+
+A delta reader's sum is the difference of two running sums (equal to the SDK's up to rounding), and the
+window's min and max are shared by delta readers: gym_obs has one periodic reader (``_fanout``).
 
 Attribute dicts should come from a :class:`gym_obs.telemetry.metrics.AttributeCache` (one shared dict per
 label combination): series are found by the dict's identity first and by its contents otherwise, so fresh
