@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gym_obs.config import ConfigError
+from gym_obs.server._model_call_points import TOKEN_SPAN_KEYS, CallPoints
 from gym_obs.telemetry import names
 from gym_obs.telemetry._exemplars import current_recorded_span
 from gym_obs.telemetry._state import STATE
@@ -459,80 +460,6 @@ def _server_span() -> Span | None:
     return None
 
 
-#: The SERVER span's token-count attributes, in the order of ``_Points.tokens``.
-_TOKEN_SPAN_KEYS: Final = (
-    names.ATTR_GEN_AI_USAGE_INPUT_TOKENS,
-    names.ATTR_GEN_AI_USAGE_OUTPUT_TOKENS,
-    names.ATTR_GEN_AI_USAGE_REASONING_TOKENS,
-    names.ATTR_GEN_AI_USAGE_CACHED_INPUT_TOKENS,
-)
-
-
-def _handle(instrument: Any, attributes: dict[str, Any]) -> Any:
-    """``instrument``'s point for ``attributes``: a pre-aggregated instrument's bound series (for
-    ``PreAggregation.add_all``), else a function recording to the SDK instrument (which decides its own
-    exemplar)."""
-    bind = getattr(instrument, "bind", None)
-    series = bind(attributes) if bind is not None else None
-    if series is not None:
-        return series
-    measure = getattr(instrument, "record", None) or instrument.add
-    return lambda value: measure(value, attributes)
-
-
-def _each(instrument: Any, base: dict[str, Any], key: str) -> dict[str, Any]:
-    """A point per value of ``key`` (a fixed set)."""
-    return {value: _handle(instrument, {**base, key: value}) for value in _VALUES[key]}
-
-
-class _Points:
-    """The metric points of one label combination on one set of instruments, made once: one per outcome,
-    token type, finish reason and unparsable reason (each a fixed set), so a call builds no attribute dict
-    and finds no series; ``emit`` records a call's measurements (``(point, value, exemplar)``) at once."""
-
-    __slots__ = ("duration", "emit", "finishes", "instruments", "tokens", "ttft", "unparsable")
-
-    def __init__(self, instruments: Instruments, base: dict[str, Any]) -> None:
-        self.instruments = instruments
-        self.duration = _each(instruments.gen_ai_server_duration, base, names.ATTR_GEN_AI_OUTCOME)
-        self.ttft = _handle(instruments.gen_ai_server_ttft, base)
-        tokens = _each(instruments.gen_ai_server_tokens, base, names.ATTR_GEN_AI_TOKEN_TYPE)
-        self.tokens = tuple(tokens[token_type] for token_type in _TOKEN_ORDER)
-        finish, reason = names.ATTR_GEN_AI_RESPONSE_FINISH_REASONS, names.ATTR_GEN_AI_UNPARSABLE_REASON
-        self.finishes = _each(instruments.gen_ai_server_finishes, base, finish)
-        self.unparsable = _each(instruments.gen_ai_server_unparsable, base, reason)
-        every = [self.ttft, *self.duration.values(), *tokens.values()]
-        every += [*self.finishes.values(), *self.unparsable.values()]
-        pre = instruments.pre
-        self.emit: Callable[[list[tuple[Any, float, Any]]], None] = (
-            pre.add_all if pre is not None and not any(map(callable, every)) else self._each_alone
-        )
-
-    def _each_alone(self, measurements: list[tuple[Any, float, Any]]) -> None:
-        """Where some point is an SDK instrument's (a configured view selects it, or no SDK meter)."""
-        pre = self.instruments.pre
-        for point, value, exemplar in measurements:
-            if callable(point):
-                point(value)
-            elif pre is not None:
-                pre.add_all(((point, value, exemplar),))
-
-
-#: The token types in the order ``_record`` gives their counts.
-_TOKEN_ORDER: Final = (
-    names.GEN_AI_TOKEN_INPUT,
-    names.GEN_AI_TOKEN_OUTPUT,
-    names.GEN_AI_TOKEN_REASONING,
-    names.GEN_AI_TOKEN_CACHED_INPUT,
-)
-_VALUES: Final = {
-    names.ATTR_GEN_AI_OUTCOME: names.GEN_AI_OUTCOMES,
-    names.ATTR_GEN_AI_TOKEN_TYPE: names.GEN_AI_TOKEN_TYPES,
-    names.ATTR_GEN_AI_RESPONSE_FINISH_REASONS: names.GEN_AI_FINISH_REASONS,
-    names.ATTR_GEN_AI_UNPARSABLE_REASON: names.GEN_AI_UNPARSABLE_REASONS,
-}
-
-
 class ModelCallMiddleware:
     """The model-call layer (pure ASGI; see the module docstring), added by :func:`install_model_calls`."""
 
@@ -550,7 +477,7 @@ class ModelCallMiddleware:
         self.allowed_models = frozenset(model_allow_list)
         self._label_model = bool(self.allowed_models)
         # (server name, operation, model label or None) -> its points; bounded by the label rule
-        self._points: dict[tuple[str, str, str | None], _Points] = {}
+        self._points: dict[tuple[str, str, str | None], CallPoints] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         operation = dialect_for_path(scope["path"]) if scope["type"] == "http" else None
@@ -578,7 +505,7 @@ class ModelCallMiddleware:
         if instruments is not None:
             self._record(call, None, instruments)
 
-    def _points_for(self, call: _Call, instruments: Instruments) -> _Points:
+    def _points_for(self, call: _Call, instruments: Instruments) -> CallPoints:
         server = self.server_name or STATE.server_name or ""
         model: str | None = None
         if self._label_model:
@@ -598,7 +525,7 @@ class ModelCallMiddleware:
                 base[names.ATTR_GEN_AI_REQUEST_MODEL] = model
             if len(self._points) >= 1024:  # only a changing server name could get here
                 self._points.clear()
-            points = self._points[key] = _Points(instruments, base)
+            points = self._points[key] = CallPoints(instruments, base)
         return points
 
     def _record(self, call: _Call, error: BaseException | None, instruments: Instruments) -> None:
@@ -633,7 +560,7 @@ class ModelCallMiddleware:
             attributes[names.ATTR_GEN_AI_USAGE_OUTPUT_TOKENS] = count
         if facts.reasoning_tokens is not None or facts.cached_input_tokens is not None:  # the rarer two
             counts = (facts.reasoning_tokens, facts.cached_input_tokens)
-            for point, key, count in zip(tokens[2:], _TOKEN_SPAN_KEYS[2:], counts, strict=True):
+            for point, key, count in zip(tokens[2:], TOKEN_SPAN_KEYS[2:], counts, strict=True):
                 if count is not None:
                     measurements.append((point, count, None))
                     attributes[key] = count
