@@ -9,8 +9,7 @@ shows medians over rounds:
 * ``contrib``     ``opentelemetry-instrumentation-aiohttp-client``'s trace config on a bare session, with
                   the same SDK providers (it always injects ``traceparent`` and makes its span current)
 * ``int_off``     the internal path, telemetry off: ``ServerClient.get(name, path)`` to a gym server of
-                  the global config (``request(..., _internal=True)``), inside a rollout (so the
-                  ``X-NG-Rollout-Id`` header is added, as on every hop of a rollout)
+                  the global config (``request(..., _internal=True)``)
 * ``int_on``      the same with telemetry on: SDK tracer provider (BatchSpanProcessor, no-op exporter)
                   and SDK meter provider; the CLIENT span is opened and made current before the attempt
                   and its ``traceparent`` injected, as on every gym hop; one duration point per attempt
@@ -24,8 +23,15 @@ trace context into every request, and so does the internal path, whose ratio is 
 ``external_overhead_ratio_vs_contrib=``. ``gym_off_overhead_pct=`` is the internal path's telemetry-off
 overhead in % of bare (target ≤ 5%), ``external_gym_off_overhead_pct=`` the external path's.
 
+By default every variant sends the same request (contrib and the internal path add ``traceparent``).
+``--rollout`` runs all of them inside a rollout, as an agent's hops run: the internal path then adds the
+``X-NG-Rollout-Id`` header and the ``gym.rollout.id`` span attribute, and ``bare`` and ``contrib`` send the
+same header (a rollout's hop needs it whatever the client); the external path never sends it (it goes only
+to gym servers), so in that mode the external rows are measured against a bare request with one header
+more than theirs.
+
 Run: ``python3 benchmarks/client_overhead.py [--requests 5000] [--concurrency 64] [--rounds 7]
-[--port-base 22950] [--no-rollout]`` (``--port`` is an alias of ``--port-base``: the server's port).
+[--port-base 22950] [--rollout]`` (``--port`` is an alias of ``--port-base``: the server's port).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import os
 import socket
 import statistics
@@ -61,6 +68,7 @@ from opentelemetry.sdk.trace.export import (  # noqa: E402
 from gym_obs.client import ServerClient, http_client  # noqa: E402
 from gym_obs.client.pool import make_connector  # noqa: E402
 from gym_obs.config import GlobalAIOHTTPAsyncClientConfig, GlobalConfig, TelemetryConfig  # noqa: E402
+from gym_obs.telemetry import names  # noqa: E402
 from gym_obs.telemetry._state import STATE  # noqa: E402
 from gym_obs.telemetry.propagation import rollout_context  # noqa: E402
 from gym_obs.telemetry.setup import setup_telemetry  # noqa: E402
@@ -101,16 +109,23 @@ def _start_server(port: int) -> subprocess.Popen[bytes]:
     raise SystemExit(f"benchmark server did not start on port {port}")
 
 
-async def _round(get: Get, url: str, requests: int, concurrency: int) -> float:
-    """Client CPU µs per request for one round."""
+async def _round(get: Get, url: str, requests: int, concurrency: int, flush: Callable[[], object]) -> float:
+    """Client CPU µs per request for one round.
+
+    CPU time counts every thread of the process, so each round starts from a collected heap and ends by
+    flushing the span processor inside its own window: a variant pays for its own spans' export and
+    garbage, never for the previous variant's.
+    """
     remaining = iter(range(requests))
 
     async def worker() -> None:
         for _ in remaining:
             await get(url)
 
+    gc.collect()
     cpu = time.process_time()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
+    flush()
     return (time.process_time() - cpu) / requests * 1e6
 
 
@@ -146,12 +161,14 @@ async def _main(args: argparse.Namespace) -> list[str]:
     bare = session()
     contrib = session([create_trace_config(tracer_provider=tracer_provider, meter_provider=meter_provider)])
 
+    rollout_headers = {names.ROLLOUT_ID_HEADER: _ROLLOUT_ID} if args.rollout else None
+
     async def get_bare(url: str) -> None:
-        async with bare.get(url) as response:
+        async with bare.get(url, headers=rollout_headers) as response:
             await response.read()
 
     async def get_contrib(url: str) -> None:
-        async with contrib.get(url) as response:
+        async with contrib.get(url, headers=rollout_headers) as response:
             await response.read()
 
     async def get_gym(url: str) -> None:
@@ -187,13 +204,14 @@ async def _main(args: argparse.Namespace) -> list[str]:
         for name in VARIANTS:  # warm-up: connections opened, caches filled, code paths compiled
             get, state = getters[name]
             STATE.restore(state)
-            await _round(get, url, min(args.requests, 1000), args.concurrency)
+            await _round(get, url, min(args.requests, 1000), args.concurrency, tracer_provider.force_flush)
         for round_index in range(args.rounds):
             # Alternate the order so that no variant always runs right after another one.
             for name in VARIANTS if round_index % 2 == 0 else tuple(reversed(VARIANTS)):
                 get, state = getters[name]
                 STATE.restore(state)
-                results[name].append(await _round(get, url, args.requests, args.concurrency))
+                cpu_us = await _round(get, url, args.requests, args.concurrency, tracer_provider.force_flush)
+                results[name].append(cpu_us)
     finally:
         rollout.__exit__(None, None, None)
         STATE.restore(off_state)
@@ -258,8 +276,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the benchmark server's port (--port: the old name)",
     )
     parser.add_argument(
-        "--no-rollout", dest="rollout", action="store_false",
-        help="internal requests outside a rollout (no X-NG-Rollout-Id header, no gym.rollout.id)",
+        "--rollout", action="store_true",
+        help="every variant inside a rollout (the internal path adds X-NG-Rollout-Id and gym.rollout.id)",
     )
     parser.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
