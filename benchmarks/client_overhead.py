@@ -23,6 +23,14 @@ trace context into every request, and so does the internal path, whose ratio is 
 ``external_overhead_ratio_vs_contrib=``. ``gym_off_overhead_pct=`` is the internal path's telemetry-off
 overhead in % of bare (target ≤ 5%), ``external_gym_off_overhead_pct=`` the external path's.
 
+Like with like, also in what is current: every request runs inside a sampled parent span, as every gym
+hop does (the agent's SERVER span, or the harness's rollout span). Both instrumentations then join that
+trace, and both duration points are measured under a recorded span, so both take an exemplar (gym's
+points the CLIENT span, which is current during the attempt; contrib records after detaching its span,
+so its exemplar points the parent). ``--no-parent`` starts a trace per request instead: then contrib's
+point finds no span and skips the exemplar work that gym's internal path still does, which no deployment
+sees.
+
 By default every variant sends the same request (contrib and the internal path add ``traceparent``).
 ``--rollout`` runs all of them inside a rollout, as an agent's hops run: the internal path then adds the
 ``X-NG-Rollout-Id`` header and the ``gym.rollout.id`` span attribute, and ``bare`` and ``contrib`` send the
@@ -31,7 +39,9 @@ to gym servers), so in that mode the external rows are measured against a bare r
 more than theirs.
 
 Run: ``python3 benchmarks/client_overhead.py [--requests 5000] [--concurrency 64] [--rounds 7]
-[--port-base 22950] [--rollout]`` (``--port`` is an alias of ``--port-base``: the server's port).
+[--port-base 22950] [--rollout] [--no-parent]`` (``--port`` is an alias of ``--port-base``: the server's
+port). ``--only VARIANT`` runs one variant once and prints nothing: the way to count its instructions
+(``valgrind --tool=callgrind`` at two ``--requests`` values; the README has the figures).
 """
 
 from __future__ import annotations
@@ -54,6 +64,7 @@ import aiohttp
 _HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(_HERE.parent / "src"))
 
+from opentelemetry import context as otel_context  # noqa: E402
 from opentelemetry import metrics as otel_metrics  # noqa: E402
 from opentelemetry import trace  # noqa: E402
 from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
@@ -197,14 +208,21 @@ async def _main(args: argparse.Namespace) -> list[str]:
         "ext_on": (get_gym, on_state),
     }
     url = f"http://127.0.0.1:{args.port_base}/item"
+    variants = VARIANTS if args.only is None else (args.only,)
     results: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    # Every worker task inherits the rollout id and the parent span (context variables).
     rollout = rollout_context(_ROLLOUT_ID if args.rollout else None)
-    rollout.__enter__()  # every worker task inherits the rollout id (a context variable)
+    rollout.__enter__()
+    parent = tracer_provider.get_tracer("client_overhead").start_span("parent") if args.parent else None
+    parent_token = otel_context.attach(trace.set_span_in_context(parent)) if parent is not None else None
     try:
-        for name in VARIANTS:  # warm-up: connections opened, caches filled, code paths compiled
+        for name in variants:  # warm-up: connections opened, caches filled, code paths compiled
             get, state = getters[name]
             STATE.restore(state)
             await _round(get, url, min(args.requests, 1000), args.concurrency, tracer_provider.force_flush)
+        if args.only is not None:  # one variant, for an instruction count (see the README)
+            await _round(get, url, args.requests, args.concurrency, tracer_provider.force_flush)
+            return []
         for round_index in range(args.rounds):
             # Alternate the order so that no variant always runs right after another one.
             for name in VARIANTS if round_index % 2 == 0 else tuple(reversed(VARIANTS)):
@@ -213,6 +231,9 @@ async def _main(args: argparse.Namespace) -> list[str]:
                 cpu_us = await _round(get, url, args.requests, args.concurrency, tracer_provider.force_flush)
                 results[name].append(cpu_us)
     finally:
+        if parent_token is not None and parent is not None:
+            otel_context.detach(parent_token)
+            parent.end()
         rollout.__exit__(None, None, None)
         STATE.restore(off_state)
         await bare.close()
@@ -232,7 +253,8 @@ def _report(results: dict[str, list[float]], args: argparse.Namespace) -> list[s
     bare_median = statistics.median(base)
     lines = [
         f"client_overhead: {args.requests} GETs x {args.rounds} rounds, {args.concurrency} workers, "
-        f"rollout {'on' if args.rollout else 'off'}, python {sys.version.split()[0]}, "
+        f"rollout {'on' if args.rollout else 'off'}, parent span {'on' if args.parent else 'off'}, "
+        f"python {sys.version.split()[0]}, "
         f"aiohttp {aiohttp.__version__}, {os.cpu_count()} CPUs, loadavg {_loadavg()}",
         f"{'variant':<10} {'cpu_us/req':>11} {'added_us':>9} {'added_%':>8}   rounds (cpu_us/req)",
     ]
@@ -278,6 +300,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--rollout", action="store_true",
         help="every variant inside a rollout (the internal path adds X-NG-Rollout-Id and gym.rollout.id)",
+    )
+    parser.add_argument(
+        "--no-parent", dest="parent", action="store_false",
+        help="no parent span: every request starts a trace (see the module doc for what that skews)",
+    )
+    parser.add_argument(
+        "--only", choices=VARIANTS, default=None,
+        help="run one variant once (warm-up, then --requests requests) and report nothing",
     )
     parser.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
