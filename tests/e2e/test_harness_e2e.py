@@ -404,8 +404,9 @@ def test_prometheus_endpoints_per_process(tmp_path: Path) -> None:
 def test_row_token_totals_are_what_the_model_servers_reported(
     tmp_path: Path, stream: bool, port_base: int
 ) -> None:
-    """The agents' per-rollout tallies (rows, summary, the gym.rollout span) add up to the tokens the model
-    servers' model-call layer read off the same replies; streamed calls also have first-token times."""
+    """The agents' per-rollout tallies (rows, summary, the gym.rollout span), fed by the client's model-call
+    observation, add up to the tokens the model servers' model-call layer read off the same replies; each
+    model call's CLIENT span carries what its SERVER span got; streamed calls also have first-token times."""
     out = tmp_path / "out"
     args = ["--rollouts", "12", "--concurrency", "4", "--seed", "5", "--port-base", str(port_base)]
     done = run_harness(out, *args, *(["--stream"] if stream else []))
@@ -437,8 +438,42 @@ def test_row_token_totals_are_what_the_model_servers_reported(
     assert model["model_calls"] == 12 * MODEL_CALLS and model["rollouts_reporting"] == 12
     assert (model["ttft_p50_s"]["count"] > 0) is stream
 
+    # each model call's CLIENT span (the agent's view) carries the usage its model's SERVER span read, and
+    # the agent's gen_ai.client.token.usage adds up to the same totals
+    every = list(iter_spans(out / "latest" / "telemetry"))
+    served = {
+        s["parent_span_id"]: s["attributes"]
+        for s in every
+        if s["kind"] == SPAN_KIND_SERVER and str(s["service"]).startswith("gym/model")
+    }
+    calls = [
+        s
+        for s in every
+        if s["kind"] == SPAN_KIND_CLIENT and names.ATTR_GEN_AI_OPERATION_NAME in s["attributes"]
+    ]
+    assert len(calls) == 12 * MODEL_CALLS and all(str(s["service"]).startswith("gym/agent") for s in calls)
+    for call in calls:
+        mine, theirs = call["attributes"], served[call["span_id"]]
+        for key in (
+            names.ATTR_GEN_AI_USAGE_INPUT_TOKENS,
+            names.ATTR_GEN_AI_USAGE_OUTPUT_TOKENS,
+            names.ATTR_GEN_AI_RESPONSE_ID,
+            names.ATTR_GEN_AI_RESPONSE_FINISH_REASONS,
+        ):
+            assert mine[key] == theirs[key], key
+        assert mine[names.ATTR_GEN_AI_STREAMED] is stream and mine[names.ATTR_GEN_AI_OUTCOME] == "ok"
+        first = [e for e in call["events"] if e["name"] == names.SPAN_EVENT_GEN_AI_FIRST_TOKEN]
+        assert len(first) == int(stream)
+    client_tokens = {
+        token_type: hist.total
+        for token_type, hist in totals.histogram_by(
+            names.METRIC_GEN_AI_CLIENT_TOKEN_USAGE, lambda a: a.get(names.ATTR_GEN_AI_TOKEN_TYPE)
+        ).items()
+    }
+    assert client_tokens == reported
+
     # the agent's gym.rollout span carries the same totals; the rollouts metric is the agent's, by outcome
-    spans = [s for s in iter_spans(out / "latest" / "telemetry") if s["name"] == names.SPAN_ROLLOUT]
+    spans = [s for s in every if s["name"] == names.SPAN_ROLLOUT]
     by_rollout = {s["attributes"][names.ATTR_ROLLOUT_ID]: s["attributes"] for s in spans}
     for row in rows:
         attributes = by_rollout[row["rollout_id"]]

@@ -81,3 +81,24 @@ def test_a_reused_run_id_gets_a_new_folder(tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["fixed-id", "fixed-id-2", "latest"]
     assert os.readlink(tmp_path / "runs" / "latest") == "fixed-id-2"
     assert len((tmp_path / "runs" / "fixed-id" / "rollouts.jsonl").read_text().splitlines()) == 2
+
+
+def test_the_drivers_peak_memory_is_its_own_not_its_parents(tmp_path: Path) -> None:
+    # A parent that touched 600 MB, then exec'd the harness: Linux keeps getrusage's ru_maxrss across fork and
+    # exec, so a driver reading it would report the parent's 600 MB as its own peak.
+    parent = (
+        "import os, sys\n"
+        "ballast = bytearray(600 * 1024 * 1024)\n"
+        "for i in range(0, len(ballast), 4096): ballast[i] = 1\n"
+        "os.execv(sys.executable, [sys.executable, '-m', 'gym_obs.cli', *sys.argv[1:]])\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_") and k != "GYM_OBS_RUN_ID"}
+    done = subprocess.run(
+        [sys.executable, "-c", parent, "harness", "run", "--rollouts", "2", "--no-report", "--no-telemetry",
+         "--port-base", str(PORT_BASE), "--out", str(tmp_path / "runs")],
+        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "runs" / "latest" / "summary.json").read_text())
+    driver = summary["processes"]["harness"]
+    assert driver["peak_rss_mb"] is not None and 0 < driver["peak_rss_mb"] < 300, driver

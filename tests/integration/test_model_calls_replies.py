@@ -140,6 +140,8 @@ def stream_chunks(operation: str, scenario: str) -> list[bytes]:
         return [whole[i : i + 5] for i in range(0, len(whole), 5)]
     if scenario == "one_chunk":
         return [b"".join(events)]
+    if scenario == "huge_event":  # one event of 50 MB (any dialect's parser skips it; a reader passes it on)
+        return [events[0], _sse({"type": "huge", "pad": "x" * HUGE_BYTES}), *events[1:]]
     if scenario == "truncated":
         whole = b"".join(events)
         return [whole[: len(whole) - 40]]
@@ -361,19 +363,20 @@ async def test_any_chunking_of_a_stream_gives_the_same_facts(
     assert _unparsable(telemetry) == {}
 
 
+#: (scenario, streamed, the unparsable reason it must be counted under): shared with the client-side tests.
+HOSTILE = [
+    ("malformed", False, "malformed"),
+    ("malformed", True, "malformed"),
+    ("truncated", True, "truncated"),
+    ("no_usage", False, "missing_usage"),
+    ("no_usage", True, "missing_usage"),
+    ("negative", False, "invalid_usage"),
+    ("negative", True, "invalid_usage"),
+]
+
+
 @pytest.mark.parametrize("operation", OPERATIONS)
-@pytest.mark.parametrize(
-    ("scenario", "stream", "reason"),
-    [
-        ("malformed", False, "malformed"),
-        ("malformed", True, "malformed"),
-        ("truncated", True, "truncated"),
-        ("no_usage", False, "missing_usage"),
-        ("no_usage", True, "missing_usage"),
-        ("negative", False, "invalid_usage"),
-        ("negative", True, "invalid_usage"),
-    ],
-)
+@pytest.mark.parametrize(("scenario", "stream", "reason"), HOSTILE)
 async def test_hostile_replies_pass_untouched_and_are_counted_once_as_unparsable(
     model: httpx.AsyncClient, telemetry: Capture, operation: str, scenario: str, stream: bool, reason: str
 ) -> None:

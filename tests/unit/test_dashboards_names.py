@@ -127,6 +127,10 @@ def test_instruments_export_the_names_the_dashboards_query() -> None:
         "gen_ai_server_tokens",
         "gen_ai_server_finishes",
         "gen_ai_server_unparsable",
+        "gen_ai_client_duration",
+        "gen_ai_client_tokens",
+        "gen_ai_client_ttfc",
+        "gen_ai_client_unparsable",
     ):
         instrument = getattr(instruments, attribute)
         if hasattr(instrument, "record"):

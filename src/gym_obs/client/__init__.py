@@ -2,7 +2,8 @@
 
 The package is one downward pipeline; each module imports only the modules above it in this list:
 
-``_options`` (RequestOptions: every request knob) < ``errors`` (response errors, bounded bodies) <
+``_options`` (RequestOptions: every request knob) < ``model_calls`` (the agent's view of a model call: the
+GenAI attributes of its span, GenAI client metrics, the SSE reader) < ``errors`` (response errors) <
 ``_retry`` (pure retry policy) < ``_fair_connector`` (arrival-ordered connector) < ``pool`` (connector
 factory, limits, capacity report) < ``_pool_metrics`` (pool-wait trace callbacks, connections gauge) <
 ``_sessions`` (per-loop pools and process config: the only module with state) < ``_observe``
@@ -45,6 +46,7 @@ from gym_obs.client.errors import (
     get_response_json,
     raise_for_status,
 )
+from gym_obs.client.model_calls import NOT_A_MODEL_CALL, ModelCallTarget, SseEventTooLarge, iter_sse_data
 from gym_obs.client.pool import CapacityReport, capacity_report, make_connector
 from gym_obs.client.servers import (
     HeadServerUnavailableError,
@@ -65,16 +67,19 @@ __all__ = [
     "MAX_ERROR_BODY_BYTES",
     "MAX_NUM_TRIES",
     "MIN_RETRY_DELAY_S",
+    "NOT_A_MODEL_CALL",
     "UNREADABLE_HEAD_STATUS",
     "CapacityReport",
     "GlobalAIOHTTPAsyncClientConfig",
     "HeadServerUnavailableError",
+    "ModelCallTarget",
     "PollStatus",
     "ResponseError",
     "ResponseHeadError",
     "ResponseJSONError",
     "RetriesExhaustedError",
     "ServerClient",
+    "SseEventTooLarge",
     "TimedSemaphore",
     "TransportFailure",
     "TransportFailureHook",
@@ -92,6 +97,7 @@ __all__ = [
     "head_server_from_environment",
     "is_global_aiohttp_client_request_debug_enabled",
     "is_global_aiohttp_client_setup",
+    "iter_sse_data",
     "make_connector",
     "model_server_url_from_env",
     "observe_transport_failures",

@@ -23,6 +23,7 @@ from yarl import URL
 
 from gym_obs.client._options import KNOWN_METHODS, RequestOptions
 from gym_obs.client._retry import Classification, RetriesExhaustedError
+from gym_obs.client.model_calls import ModelCallTarget, observe_model_call
 from gym_obs.telemetry import names
 from gym_obs.telemetry._state import STATE
 from gym_obs.telemetry.bodies import bounded_excerpt
@@ -143,11 +144,18 @@ class RequestObserver:
     """
 
     __slots__ = (
-        "attempts", "dest", "instruments", "internal", "label", "method", "name", "rollout_id", "server",
-        "span", "start_ns", "text", "token", "tracer",
+        "attempts", "dest", "instruments", "internal", "label", "method", "model_call", "name",
+        "rollout_id", "server", "span", "start_ns", "text", "token", "tracer",
     )
 
-    def __init__(self, method: str, url: Any, options: RequestOptions) -> None:
+    def __init__(
+        self,
+        method: str,
+        url: Any,
+        options: RequestOptions,
+        model_target: ModelCallTarget | None = None,
+        payload: object = None,
+    ) -> None:
         self.text = text = url if isinstance(url, str) else str(url)
         found = _DESTINATIONS.get(text)
         self.dest = found if found is not None else _destination(text)
@@ -172,6 +180,9 @@ class RequestObserver:
             self.name = f"{base} {options.route}" if options.route else base
             self.rollout_id = ROLLOUT_ID.get()
             self.start_ns = _time_ns()
+        # A model call (one suffix check for any other request): its span outlives request() (model_calls).
+        at = self.dest
+        self.model_call = observe_model_call(text, model_target, payload, at.address, at.port, self.server)
 
     # -- before the first attempt --------------------------------------------------------------------------
 
@@ -291,9 +302,34 @@ class RequestObserver:
             set_span_error(span, str(status))
         self._end(span)
 
+    def end_reply(self, response: aiohttp.ClientResponse) -> None:
+        """The request got a reply: :meth:`end_ok`, except that a model call's span (a success) stays open
+        for the model call to end once its reply is read or let go (``model_calls``)."""
+        call = self.model_call
+        status = response.status
+        if call is None:
+            self.end_ok(status)
+            return
+        if self.tracer is None:
+            call.replied(response, INVALID_SPAN)
+            return
+        span = self.open()
+        if status >= 400:
+            call.replied(response, span)
+            self.end_ok(status)
+            return
+        span.set_attribute(names.ATTR_HTTP_RESPONSE_STATUS_CODE, status)
+        if self.attempts > 1:
+            span.set_attribute(names.ATTR_HTTP_REQUEST_RESEND_COUNT, self.attempts - 1)
+        otel_context.detach(self.token)  # type: ignore[arg-type]
+        self.token = None
+        call.replied(response, span)  # the call ends the span (at once if the body was already read)
+
     def end_failed(self, exc: BaseException) -> None:
         """The request raised. An exception is recorded and makes the span an error, with the last
         attempt's error type; a cancellation (the caller gave up) only ends it."""
+        if self.model_call is not None:
+            self.model_call.request_failed(exc, INVALID_SPAN if self.tracer is None else self.open())
         if self.tracer is None:
             return
         span = self.open()

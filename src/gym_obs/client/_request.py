@@ -26,6 +26,7 @@ from gym_obs.client._options import (
 )
 from gym_obs.client._send import send
 from gym_obs.client._sessions import pool_for
+from gym_obs.client.model_calls import ModelCallTarget
 from gym_obs.failures.event import NgFailureEvent
 from gym_obs.failures.kinds import Boundary, Stage
 from gym_obs.failures.transport import observe_failure
@@ -46,12 +47,12 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"Type is not JSON serializable: {type(value).__name__}")
 
 
-def _encode_json(kwargs: dict[str, Any]) -> None:
+def _encode_json(kwargs: dict[str, Any]) -> Any:
     """Replace ``json=`` with orjson-encoded ``data=`` and a JSON content type (headers copied, never
-    mutated in place)."""
+    mutated in place); returns the payload (a model call's request model is read from it)."""
     payload = kwargs.pop("json")
     if payload is None:
-        return
+        return None
     if kwargs.get("data") is not None:
         raise ValueError("data and json parameters can not be used at the same time")
     try:
@@ -61,11 +62,12 @@ def _encode_json(kwargs: dict[str, Any]) -> None:
     headers = kwargs.get("headers")
     if not headers:
         kwargs["headers"] = {"Content-Type": _JSON_CONTENT_TYPE}
-        return
+        return payload
     copied: CIMultiDict[str] = CIMultiDict(headers)
     if "Content-Type" not in copied:
         copied["Content-Type"] = _JSON_CONTENT_TYPE
     kwargs["headers"] = copied
+    return payload
 
 
 def _check_method(method: object) -> None:
@@ -135,6 +137,7 @@ async def request(
     _read_body: bool = False,
     _retry_other_errors: bool = True,
     _route: str | None = None,
+    _model_call: ModelCallTarget | None = None,
     **aiohttp_kwargs: Any,
 ) -> aiohttp.ClientResponse:
     """Send one logical HTTP request through the global pools, retrying transport failures.
@@ -157,6 +160,8 @@ async def request(
     gym server name (the bounded ``gym.server.name`` label; ``external`` otherwise). ``_route``: a route
     template for the span name (``POST /v1/responses``), never a raw path with ids.
     ``_on_transport_failure``: called with a ``TransportFailure`` for every failed attempt.
+    ``_model_call``: what is known about a model endpoint (provider, model allow-list; ``NOT_A_MODEL_CALL``
+    opts out); a request to a dialect route is a model call anyway (``gym_obs.client.model_calls``).
     ``json=`` is encoded with orjson (a value it cannot encode, e.g. a non-str dict key, is a
     ``TypeError`` naming ``json=``, raised before anything is sent); ``_max_num_tries`` must be >= 1 and
     ``_max_connection_retries`` >= 0 (``ValueError``). The caller owns the response: read it, or release it.
@@ -165,8 +170,7 @@ async def request(
         _check_method(method)
     if _max_num_tries is not None or _max_connection_retries is not None:
         _check_limits(_max_num_tries, _max_connection_retries)
-    if "json" in aiohttp_kwargs:
-        _encode_json(aiohttp_kwargs)
+    payload = _encode_json(aiohttp_kwargs) if "json" in aiohttp_kwargs else None
     allow_redirects = aiohttp_kwargs.pop("allow_redirects", True)
     max_redirects = aiohttp_kwargs.pop("max_redirects", DEFAULT_MAX_REDIRECTS)
     knobs = (
@@ -183,14 +187,14 @@ async def request(
     pool = pool_for(_control)
     if not STATE.enabled:
         return await send(pool, method, url, aiohttp_kwargs, options, None)
-    observer = RequestObserver(method, url, options)
+    observer = RequestObserver(method, url, options, _model_call, payload)
     try:
         observer.prepare(aiohttp_kwargs, options)
         response = await send(pool, method, url, aiohttp_kwargs, options, observer)
     except BaseException as exc:
         observer.end_failed(exc)
         raise
-    observer.end_ok(response.status)
+    observer.end_reply(response)
     return response
 
 

@@ -18,6 +18,7 @@ import orjson
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
+from gym_obs.client.model_calls import json_reply_read
 from gym_obs.failures._base import MAX_DEPTH
 from gym_obs.telemetry.bodies import bounded_excerpt
 from gym_obs.telemetry.redaction import SENSITIVE_HEADERS, redact_url, scrub_text
@@ -219,8 +220,12 @@ def format_exception_with_response_body(error: BaseException) -> str:
 
 
 async def get_response_json(response: aiohttp.ClientResponse) -> Any:
-    """The reply body parsed as JSON (orjson); :class:`ResponseJSONError` with an excerpt otherwise."""
+    """The reply body parsed as JSON (orjson); :class:`ResponseJSONError` with an excerpt otherwise.
+
+    A model call's reply read here also gives its CLIENT span, GenAI metrics and the current rollout's
+    tally their usage (:mod:`gym_obs.client.model_calls`)."""
     body = await response.read()
+    json_reply_read(response, body)
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError:

@@ -2,7 +2,7 @@
 
 Kept for compatibility: code ported from NeMo Gym imports ``gym_obs.client.http_client``; every name here
 is re-exported from :mod:`gym_obs.client` (which new code should import) and defined further down the
-client pipeline (``_request``, ``_sessions``, ``boundary``, ``errors``, ``_retry``).
+client pipeline (``_request``, ``_sessions``, ``boundary``, ``errors``, ``_retry``, ``model_calls``).
 
 ``request()`` owns retries (bounded by attempts and a time budget, exponential backoff with full jitter,
 the first retry logged at once), trace propagation (``traceparent`` only to gym servers and the allow-list)
@@ -28,6 +28,7 @@ from gym_obs.client import (
     get_response_json,
     is_global_aiohttp_client_request_debug_enabled,
     is_global_aiohttp_client_setup,
+    iter_sse_data,
     observe_transport_failures,
     raise_boundary_failure,
     raise_for_status,
@@ -51,6 +52,7 @@ __all__ = [
     "get_response_json",
     "is_global_aiohttp_client_request_debug_enabled",
     "is_global_aiohttp_client_setup",
+    "iter_sse_data",
     "observe_transport_failures",
     "raise_boundary_failure",
     "raise_for_status",

@@ -4,7 +4,8 @@ A process started by the launcher already has the resolved global config in its 
 (``GYM_OBS_GLOBAL_CONFIG``); any other process (a harness, a notebook) fetches it from the head server.
 ``ServerClient`` requests go through :func:`gym_obs.client.request` as internal gym calls, so they get the
 retries, the CLIENT span, trace propagation and the ``gym.server.name`` label; the current rollout id
-travels as the ``X-NG-Rollout-Id`` header (and on the span as ``gym.rollout.id``).
+travels as the ``X-NG-Rollout-Id`` header (and on the span as ``gym.rollout.id``). The destination's config
+says whether its dialect routes are model calls, with which provider and model allow-list.
 
 Code that is not a gym client (third-party SDKs, subprocess agents) uses :func:`get_server_url`. A
 subprocess agent (a harness in a sandbox, a CLI tool) cannot read the global config or carry a context
@@ -30,6 +31,7 @@ from multidict import CIMultiDict
 
 from gym_obs.client._request import request
 from gym_obs.client._sessions import default_server_client, get_global_aiohttp_control_client
+from gym_obs.client.model_calls import ModelCallTarget, model_call_target
 from gym_obs.config import (
     ConfigError,
     GlobalConfig,
@@ -159,6 +161,7 @@ class ServerClient:
         self.global_config = global_config
         self.head_server_config = head_server_config or global_config.head_server
         self._base_urls: dict[str, str] = {}
+        self._model_targets: dict[str, ModelCallTarget] = {}
         # A subprocess agent's parent-given model server (see base_url): read once, here. A process's
         # environment is given when it starts; reading it per request cost every hop an os.environ look-up.
         env_name = os.environ.get(names.ENV_MODEL_SERVER_NAME)
@@ -225,6 +228,17 @@ class ServerClient:
         url = self._prepare(server_name, url_path, kwargs)
         return await request(method, url, _internal=True, _server_name=server_name, **kwargs)
 
+    def model_call_target(self, server_name: str) -> ModelCallTarget:
+        """What the config says about ``server_name`` as a model endpoint, by the rule its own model-call
+        layer follows: its calls to the dialect routes are model calls, with its provider and allow-list."""
+        target = self._model_targets.get(server_name)
+        if target is None:
+            server = self.server_config(server_name)
+            target = self._model_targets[server_name] = model_call_target(
+                server.server_type, server.own_config()
+            )
+        return target
+
     async def get(self, server_name: str, url_path: str, **kwargs: Any) -> aiohttp.ClientResponse:
         url = self._prepare(server_name, url_path, kwargs)  # not through request(): one frame less per hop
         return await request("GET", url, _internal=True, _server_name=server_name, **kwargs)
@@ -235,12 +249,15 @@ class ServerClient:
 
     def _prepare(self, server_name: str, url_path: str, kwargs: dict[str, Any]) -> str:
         """The URL of ``url_path`` on ``server_name``; the current rollout id goes into the headers (a
-        copy: the caller's are never changed; a header the caller set, in any case, is kept)."""
+        copy: the caller's are never changed; a header the caller set, in any case, is kept), and what the
+        config says about the server as a model endpoint into ``_model_call``."""
         rollout_id = ROLLOUT_ID.get()
         if rollout_id is not None:
             headers: CIMultiDict[str] = CIMultiDict(kwargs.get("headers") or ())
             headers.setdefault(names.ROLLOUT_ID_HEADER, rollout_id)
             kwargs["headers"] = headers
+        if "_model_call" not in kwargs:
+            kwargs["_model_call"] = self.model_call_target(server_name)
         return self.url(server_name, url_path)
 
     async def poll_for_status(self, server_name: str, timeout_seconds: float = 5) -> PollStatus:

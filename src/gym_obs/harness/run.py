@@ -136,7 +136,9 @@ def _processes(running: Launch, cpu_before: dict[str, float | None]) -> dict[str
     info: dict[str, dict[str, Any]] = {
         DRIVER_NAME: {
             "pid": os.getpid(),
-            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            # VmHWM, not getrusage's ru_maxrss: Linux carries ru_maxrss across fork + exec, so a driver
+            # started by a large process (a test runner, a notebook) would report its parent's peak.
+            "peak_rss_mb": _peak_rss_mb(os.getpid()),
             "cpu_seconds": cpu(DRIVER_NAME),
         }
     }

@@ -3,7 +3,8 @@
 An agent's rollout route opts in with :func:`rollout_route` (a decorator) or :func:`rollout_scope` (a
 ``with`` block). Inside, every request the agent makes is a child of the ``gym.rollout`` span and carries
 the rollout id; the agent's model calls report what they cost to :func:`current_rollout` (tokens, first-token
-time) and time themselves with :meth:`RolloutTally.model_call`. When the block ends, the span gets the
+time, time in flight: on their own while telemetry is on and the reply is read through ``get_response_json``
+or ``iter_sse_data``; by hand otherwise). When the block ends, the span gets the
 outcome, the token totals and, for a failure, the root failure kind, and ``gym.rollouts`` /
 ``gym.rollout.duration`` are recorded by outcome:
 
@@ -19,11 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import functools
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any, Final, ParamSpec, TypeVar
+from typing import Final, ParamSpec, TypeVar
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -36,106 +36,25 @@ from gym_obs.telemetry.metrics import AttributeCache
 from gym_obs.telemetry.propagation import current_rollout_id, rollout_context
 from gym_obs.telemetry.spans import record_exception, set_span_error
 
-__all__ = ["RolloutOmitted", "RolloutTally", "current_rollout", "rollout_route", "rollout_scope"]
+# The tally's home is telemetry (the client feeds it); its public names stay importable from here.
+from gym_obs.telemetry.tally import RolloutTally as RolloutTally
+from gym_obs.telemetry.tally import current_rollout as current_rollout
+from gym_obs.telemetry.tally import tally_context
+
+__all__ = ["RolloutOmitted", "rollout_route", "rollout_scope"]
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
-#: Samples of time to first token kept per rollout (a rollout makes tens of calls; this bounds a runaway one).
-MAX_TTFT_SAMPLES: Final = 4096
 #: A cause chain is followed this deep for the root failure kind.
 _MAX_CHAIN: Final = 64
 
-_CURRENT: contextvars.ContextVar[RolloutTally | None] = contextvars.ContextVar("gym_rollout", default=None)
 _OUTCOME_ATTRIBUTES: Final = AttributeCache(names.ATTR_ROLLOUT_OUTCOME)
 
 
 class RolloutOmitted(Exception):
     """Raise inside a rollout when the system decides not to produce a result (admission refused, budget
     exhausted): it is counted ``omitted`` -- neither a failure of the rollout nor a result."""
-
-
-class RolloutTally:
-    """What one rollout's model calls cost: tokens, calls, first-token times, time with a call in flight.
-
-    ``model_time_s`` is the time during which at least one model call was in flight (parallel calls are not
-    counted twice), so ``duration - model_time_s`` is the time spent elsewhere (tools, verification, the
-    agent's own work).
-    """
-
-    __slots__ = (
-        "_busy_since",
-        "_in_flight",
-        "input_tokens",
-        "model_calls",
-        "model_time_s",
-        "output_tokens",
-        "rollout_id",
-        "started",
-        "ttfts",
-    )
-
-    def __init__(self, rollout_id: str | None) -> None:
-        self.rollout_id = rollout_id
-        self.started = time.perf_counter()
-        self.input_tokens = 0
-        self.output_tokens = 0
-        self.model_calls = 0
-        self.model_time_s = 0.0
-        self.ttfts: list[float] = []
-        self._in_flight = 0
-        self._busy_since = 0.0
-
-    @contextlib.contextmanager
-    def model_call(self) -> Iterator[None]:
-        """Time one model call (counted once it starts, whatever its end)."""
-        self.model_calls += 1
-        if self._in_flight == 0:
-            self._busy_since = time.perf_counter()
-        self._in_flight += 1
-        try:
-            yield
-        finally:
-            self._in_flight -= 1
-            if self._in_flight == 0:
-                self.model_time_s += time.perf_counter() - self._busy_since
-
-    def add_usage(self, input_tokens: int | None, output_tokens: int | None) -> None:
-        """Add one reply's reported usage (invalid counts are ignored)."""
-        if type(input_tokens) is int and input_tokens >= 0:
-            self.input_tokens += input_tokens
-        if type(output_tokens) is int and output_tokens >= 0:
-            self.output_tokens += output_tokens
-
-    def add_ttft(self, seconds: float) -> None:
-        """Add one streamed call's time to its first content chunk, as the agent saw it."""
-        if seconds >= 0 and len(self.ttfts) < MAX_TTFT_SAMPLES:
-            self.ttfts.append(seconds)
-
-    def summary(self, duration_s: float | None = None) -> dict[str, Any]:
-        """The tallies as JSON-ready numbers (what an agent's reply and the harness rows carry)."""
-        duration = time.perf_counter() - self.started if duration_s is None else duration_s
-        ordered = sorted(self.ttfts)
-        return {
-            "input_tokens": self.input_tokens,
-            "output_tokens": self.output_tokens,
-            "model_calls": self.model_calls,
-            "ttft_p50_s": _quantile(ordered, 0.5),
-            "ttft_p99_s": _quantile(ordered, 0.99),
-            "model_time_s": round(self.model_time_s, 6),
-            "other_time_s": round(max(0.0, duration - self.model_time_s), 6),
-        }
-
-
-def _quantile(ordered: list[float], q: float) -> float | None:
-    if not ordered:
-        return None
-    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 6)
-
-
-def current_rollout() -> RolloutTally | None:
-    """The tally of the rollout this code runs in (inside :func:`rollout_scope`), else None."""
-    return _CURRENT.get()
 
 
 def root_failure_kind(error: BaseException) -> str | None:
@@ -188,20 +107,15 @@ def _span(rollout_id: str | None) -> Iterator[Span | None]:
 def rollout_scope(rollout_id: str | None = None) -> Iterator[RolloutTally]:
     """Run the block as one rollout (see the module docstring); ``rollout_id`` defaults to the request's."""
     rollout_id = rollout_id if rollout_id is not None else current_rollout_id()
-    tally = RolloutTally(rollout_id)
-    token = _CURRENT.set(tally)
     error: BaseException | None = None
-    try:
-        with rollout_context(rollout_id), _span(rollout_id) as span:
-            try:
-                yield tally
-            except BaseException as exc:
-                error = exc
-                raise
-            finally:
-                _finish(span, tally, error)
-    finally:
-        _CURRENT.reset(token)
+    with tally_context(rollout_id) as tally, rollout_context(rollout_id), _span(rollout_id) as span:
+        try:
+            yield tally
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            _finish(span, tally, error)
 
 
 def _finish(span: Span | None, tally: RolloutTally, error: BaseException | None) -> None:

@@ -62,6 +62,10 @@ class Instruments:
         "client_retries",
         "client_timeouts",
         "failure_events",
+        "gen_ai_client_duration",
+        "gen_ai_client_tokens",
+        "gen_ai_client_ttfc",
+        "gen_ai_client_unparsable",
         "gen_ai_server_duration",
         "gen_ai_server_finishes",
         "gen_ai_server_tokens",
@@ -159,6 +163,38 @@ class Instruments:
             names.METRIC_GEN_AI_SERVER_UNPARSABLE,
             names.UNIT_REPLY,
             "Successful model replies whose usage could not be read, counted once, by reason.",
+        )
+        self._gen_ai_client(meter, pre)
+
+    def _gen_ai_client(self, meter: Meter, pre: PreAggregation | None) -> None:
+        """The agent's view of its model calls (client/model_calls.py), pre-aggregated like the server's."""
+        self.gen_ai_client_duration: HistogramLike = _gen_ai_histogram(
+            meter,
+            pre,
+            names.METRIC_GEN_AI_CLIENT_OPERATION_DURATION,
+            names.UNIT_SECONDS,
+            "Model call duration as the caller saw it, from the request to the reply's last byte.",
+        )
+        self.gen_ai_client_tokens: HistogramLike = _gen_ai_histogram(
+            meter,
+            pre,
+            names.METRIC_GEN_AI_CLIENT_TOKEN_USAGE,
+            names.UNIT_TOKEN,
+            "Tokens a model call used, by token type, as the reply read by the caller reported them.",
+        )
+        self.gen_ai_client_ttfc: HistogramLike = _gen_ai_histogram(
+            meter,
+            pre,
+            names.METRIC_GEN_AI_CLIENT_TIME_TO_FIRST_CHUNK,
+            names.UNIT_SECONDS,
+            "Time from the request to the first content chunk of a streamed reply, as the caller read it.",
+        )
+        self.gen_ai_client_unparsable: CounterLike = _counter(
+            meter,
+            pre,
+            names.METRIC_GEN_AI_CLIENT_UNPARSABLE,
+            names.UNIT_REPLY,
+            "Successful model replies whose usage the caller's side could not read, counted once, by reason.",
         )
 
 

@@ -296,6 +296,26 @@ GEN_AI_HISTOGRAM_BUCKETS: Final = {
     METRIC_GEN_AI_SERVER_TOKEN_USAGE: GEN_AI_TOKEN_BUCKETS,
 }
 
+# The agent's view of a model call (issue 15 §2; client/model_calls.py): the semconv client metrics, on the
+# CLIENT span's request. Duration and token buckets are the semconv advisories; the conventions give no
+# advisory for time to first chunk, so it shares the server's TTFT buckets (same question, other side).
+# Time to first chunk counts the first chunk that carries generated content, as the server's TTFT does (a
+# Responses stream's first chunk is ``response.created``, which says nothing about generation).
+METRIC_GEN_AI_CLIENT_OPERATION_DURATION: Final = "gen_ai.client.operation.duration"
+METRIC_GEN_AI_CLIENT_TOKEN_USAGE: Final = "gen_ai.client.token.usage"
+METRIC_GEN_AI_CLIENT_TIME_TO_FIRST_CHUNK: Final = "gen_ai.client.operation.time_to_first_chunk"
+METRIC_GEN_AI_CLIENT_UNPARSABLE: Final = "gym.gen_ai.client.unparsable_replies"
+# A reply the caller read some other way than gym_obs's helpers (or released unread): its usage is unknown.
+GEN_AI_UNPARSABLE_UNREAD: Final = "unread"
+GEN_AI_CLIENT_UNPARSABLE_REASONS: Final = (*GEN_AI_UNPARSABLE_REASONS, GEN_AI_UNPARSABLE_UNREAD)
+GEN_AI_HISTOGRAM_BUCKETS.update(
+    {
+        METRIC_GEN_AI_CLIENT_OPERATION_DURATION: GEN_AI_DURATION_BUCKETS_S,
+        METRIC_GEN_AI_CLIENT_TOKEN_USAGE: GEN_AI_TOKEN_BUCKETS,
+        METRIC_GEN_AI_CLIENT_TIME_TO_FIRST_CHUNK: GEN_AI_TTFT_BUCKETS_S,
+    }
+)
+
 # --- Admission concurrency and process resources (issue 16) ----------------------------------------------
 # TimedSemaphore (client/concurrency.py): the site is a code-chosen label, validated against this pattern.
 ATTR_CONCURRENCY_SITE: Final = "gym.concurrency.site"

@@ -10,7 +10,6 @@ attempts are recorded as recovered failure events, and a failed call becomes an 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import time
 import zlib
@@ -21,19 +20,22 @@ import orjson
 from fastapi import FastAPI, Request
 from pydantic import Field
 
-from gym_obs import TimedSemaphore, current_rollout, rollout_scope
-from gym_obs.client.http_client import observe_transport_failures, raise_boundary_failure
+from gym_obs import TimedSemaphore, rollout_scope
+from gym_obs.client.http_client import (
+    get_response_json,
+    iter_sse_data,
+    observe_transport_failures,
+    raise_boundary_failure,
+)
 from gym_obs.failures.kinds import Boundary, Stage
 from gym_obs.harness.fault_middleware import raise_injected_fault
 from gym_obs.harness.servers._common import HarnessServer, OwnConfig, failure_for_call
 from gym_obs.telemetry import inflight, names
-from gym_obs.telemetry.genai import SseEvents
 from gym_obs.telemetry.propagation import current_rollout_id
 
 __all__ = ["AgentServer", "AgentSettings"]
 
 RUN_ROUTE = "/run"
-_TTFT_KEY = "_ttft_s"  # where _read_stream leaves the first-token time on the reply it rebuilds
 _MODEL_ROUTE = "/v1/responses"
 _VERIFY_ROUTE = "/verify"
 
@@ -74,7 +76,8 @@ class AgentServer(HarnessServer):
                 inflight.set_stage("agent")
                 with rollout_scope() as tally:  # the gym.rollout span: parent of every hop below
                     reply = await self.run_rollout(body if isinstance(body, dict) else {})
-                    reply["usage"] = tally.summary()
+                    if tally.model_calls:  # fed by the model-call telemetry: none with telemetry off
+                        reply["usage"] = tally.summary()
                     return reply
 
         return app
@@ -92,43 +95,31 @@ class AgentServer(HarnessServer):
         assert isinstance(settings, AgentSettings)
         boundary: Boundary = "model" if role == "model" else "resources_server"
         stream = role == "model" and settings.stream
-        tally = current_rollout() if role == "model" else None
         started = time.perf_counter()
         try:
-            with tally.model_call() if tally is not None else contextlib.nullcontext():
-                response = await self.server_client.post(
-                    server,
-                    route,
-                    json={**payload, "stream": True} if stream else payload,
-                    timeout=aiohttp.ClientTimeout(total=settings.request_timeout_s),
-                    _route=route,
-                    _max_num_tries=settings.max_tries,
-                    _read_body=not stream,
-                    _on_transport_failure=observe_transport_failures(boundary, stage),
-                )
-                try:
-                    await raise_boundary_failure(response)
-                    if stream:
-                        result = await _read_stream(response, started)
-                    else:
-                        result = await response.json()
-                finally:
-                    response.release()
+            response = await self.server_client.post(
+                server,
+                route,
+                json={**payload, "stream": True} if stream else payload,
+                timeout=aiohttp.ClientTimeout(total=settings.request_timeout_s),
+                _route=route,
+                _max_num_tries=settings.max_tries,
+                _read_body=not stream,
+                _on_transport_failure=observe_transport_failures(boundary, stage),
+            )
+            try:
+                await raise_boundary_failure(response)
+                # Read through gym_obs's helpers: a model call's tokens, first-token time and time in flight
+                # go to its CLIENT span, the GenAI metrics and this rollout's tally on their own.
+                result = await _final_response(response) if stream else await get_response_json(response)
+            finally:
+                response.release()
         except Exception as err:
             raise failure_for_call(
                 err, role=role, stage=stage, what=f"{role} call to {server}{route}"
             ) from err
         hops.append((role, time.perf_counter() - started))
-        if not isinstance(result, dict):
-            return {}
-        if tally is not None:
-            usage = result.get("usage")
-            if isinstance(usage, dict):
-                tally.add_usage(usage.get("input_tokens"), usage.get("output_tokens"))
-            ttft = result.get(_TTFT_KEY)
-            if isinstance(ttft, float):
-                tally.add_ttft(ttft)
-        return result
+        return result if isinstance(result, dict) else {}
 
     async def _generate(self, turn: int, history: list[str], hops: list[Any]) -> str:
         payload = {"input": history[-4:], "metadata": {"turn": turn}}
@@ -176,26 +167,16 @@ class AgentServer(HarnessServer):
         }
 
 
-async def _read_stream(response: aiohttp.ClientResponse, started: float) -> dict[str, Any]:
-    """A streamed Responses reply read event by event: the final response object (with its usage), plus
-    the time from the request to its first text delta."""
-    events = SseEvents()
+async def _final_response(response: aiohttp.ClientResponse) -> dict[str, Any]:
+    """A streamed Responses reply read event by event: its final response object (with its usage)."""
     final: dict[str, Any] = {}
-    ttft: float | None = None
-    async for chunk in response.content.iter_any():
-        for data in events.feed(chunk):
-            try:
-                event = orjson.loads(data)
-            except orjson.JSONDecodeError:
-                continue
-            if not isinstance(event, dict):
-                continue
-            kind = event.get("type")
-            if ttft is None and isinstance(kind, str) and kind.endswith(".delta"):
-                ttft = time.perf_counter() - started
-            elif kind in ("response.completed", "response.incomplete"):
-                done = event.get("response")
-                final = done if isinstance(done, dict) else {}
-    if ttft is not None:
-        final[_TTFT_KEY] = ttft
+    async for data in iter_sse_data(response):
+        if b'"response.completed"' not in data and b'"response.incomplete"' not in data:
+            continue  # deltas: the text arrives again in the final event
+        try:
+            event = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            continue
+        done = event.get("response") if isinstance(event, dict) else None
+        final = done if isinstance(done, dict) else {}
     return final

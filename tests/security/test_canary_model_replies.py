@@ -1,0 +1,119 @@
+"""A hostile model reply cannot put a secret on the agent's CLIENT span or metrics.
+
+A plain (non-gym) model server on loopback plants the canary, in the forms the scrubber knows, everywhere a
+reply carries a string: the model name, the response id, the finish reason, a stream's error event, an error
+reply's body; the request's own model name carries it too. Every exported span (attributes and events) and
+every metric point recorded in the process is searched for it. Port 30851.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from opentelemetry.trace import SpanKind
+
+from gym_obs.client import (
+    GlobalAIOHTTPAsyncClientConfig,
+    close_global_aiohttp_client,
+    get_response_json,
+    iter_sse_data,
+    request,
+    set_global_aiohttp_client,
+)
+from gym_obs.telemetry import names
+from gym_obs.telemetry.testing import Capture
+from tests.integration.test_model_calls_replies import serving
+from tests.security.canary_apps import CANARY
+
+pytestmark = pytest.mark.integration
+
+PORT = 30851
+BASE = f"http://127.0.0.1:{PORT}"
+LONG_MODEL = "m" * 10_000
+
+
+def _reply(model: str) -> dict[str, Any]:
+    choice = {"index": 0, "message": {"content": "hi"}, "finish_reason": f"api_key={CANARY}"}
+    return {
+        "id": f"sk-{CANARY}",
+        "model": model,
+        "choices": [choice],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+    }
+
+
+def _sse(data: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(data).encode() + b"\n\n"
+
+
+def canary_model_app() -> FastAPI:
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        body = await request.json()
+        if body.get("fail"):
+            return JSONResponse({"error": {"message": f"password={CANARY}"}}, status_code=500)
+        if body.get("long"):
+            return JSONResponse(_reply(LONG_MODEL))
+        return JSONResponse(_reply(f"token={CANARY}"))
+
+    @app.post("/v1/messages")
+    async def messages(request: Request) -> Response:
+        async def events() -> AsyncIterator[bytes]:
+            start = {"id": f"Bearer {CANARY}", "model": f"secret={CANARY}", "usage": {"input_tokens": 4}}
+            yield _sse({"type": "message_start", "message": start})
+            yield _sse({"type": "content_block_delta", "delta": {"type": "text_delta", "text": "x"}})
+            yield _sse({"type": "error", "error": {"type": "overloaded", "message": f"token={CANARY}"}})
+            yield _sse(
+                {"type": "message_delta", "delta": {"stop_reason": CANARY}, "usage": {"output_tokens": 1}}
+            )
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return app
+
+
+@pytest.fixture
+async def model(telemetry: Capture) -> AsyncIterator[None]:
+    with serving(canary_model_app(), PORT):
+        set_global_aiohttp_client(GlobalAIOHTTPAsyncClientConfig())
+        yield
+        await close_global_aiohttp_client()
+
+
+def everything(telemetry: Capture) -> str:
+    spans = [span.to_json() for span in telemetry.spans()]
+    points = [
+        repr(point.attributes) for name in telemetry.metric_names() for point in telemetry.metric_points(name)
+    ]
+    return "\n".join(spans + points)
+
+
+async def test_a_canary_in_a_model_reply_reaches_no_span_and_no_metric(
+    model: None, telemetry: Capture
+) -> None:
+    chat = BASE + names.GEN_AI_ROUTE_CHAT
+    reply = await get_response_json(await request("POST", chat, json={"model": f"api_key={CANARY}"}))
+    assert CANARY in reply["model"]  # the caller gets the reply untouched
+    failed = await request("POST", chat, json={"model": "m", "fail": True})
+    assert failed.status == 500 and CANARY in (await failed.text())
+    stream = await request("POST", BASE + names.GEN_AI_ROUTE_MESSAGES, json={"model": f"token={CANARY}"})
+    assert any(CANARY.encode() in data for data in [d async for d in iter_sse_data(stream)])
+    await get_response_json(await request("POST", chat, json={"model": "m", "long": True}))
+
+    calls = [
+        dict(s.attributes or {})
+        for s in telemetry.spans()
+        if s.kind is SpanKind.CLIENT and names.ATTR_GEN_AI_OPERATION_NAME in (s.attributes or {})
+    ]
+    assert len(calls) == 4
+    assert {a[names.ATTR_GEN_AI_OUTCOME] for a in calls} == {"ok", "upstream_error"}
+    assert calls[0][names.ATTR_GEN_AI_RESPONSE_FINISH_REASONS] == (names.GEN_AI_FINISH_OTHER,)
+    assert all(len(str(a.get(names.ATTR_GEN_AI_RESPONSE_MODEL, ""))) <= 256 for a in calls)
+    assert CANARY not in everything(telemetry)
