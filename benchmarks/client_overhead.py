@@ -25,11 +25,12 @@ overhead in % of bare (target ≤ 5%), ``external_gym_off_overhead_pct=`` the ex
 
 Like with like, also in what is current: every request runs inside a sampled parent span, as every gym
 hop does (the agent's SERVER span, or the harness's rollout span). Both instrumentations then join that
-trace, and both duration points are measured under a recorded span, so both take an exemplar (gym's
-points the CLIENT span, which is current during the attempt; contrib records after detaching its span,
-so its exemplar points the parent). ``--no-parent`` starts a trace per request instead: then contrib's
-point finds no span and skips the exemplar work that gym's internal path still does, which no deployment
-sees.
+trace, and both duration points are recorded under a sampled span, so both take an exemplar (gym's
+points at its CLIENT span, current during the attempt; contrib records after detaching its span, so its
+exemplar points at the parent). ``--no-parent`` starts a trace per request instead: then contrib's
+point finds no span and skips the exemplar work that gym's internal path still does, a difference no
+deployment has. Each round starts from a collected heap and flushes the span processor inside its own
+window (CPU time counts every thread): no variant pays for the previous one's spans.
 
 By default every variant sends the same request (contrib and the internal path add ``traceparent``).
 ``--rollout`` runs all of them inside a rollout, as an agent's hops run: the internal path then adds the
