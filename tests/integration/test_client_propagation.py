@@ -110,6 +110,7 @@ async def test_server_client_sends_the_rollout_id_once_and_never_changes_the_cal
     client = ServerClient(config)
     caller = {"X-Caller": "1"}
     with rollout_context("rollout-7"):
+        # a model call (a dialect route on a model server), released on a temporary: nothing left to do
         (await client.post("model", "v1/responses", json={"q": 1}, headers=caller)).release()
         (await client.get("model", "/v1/models", headers={"x-ng-rollout-id": "mine"})).release()
     (await client.request("model", "/v1/x", "PUT", headers=caller)).release()  # outside any rollout
