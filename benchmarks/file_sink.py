@@ -3,8 +3,8 @@
 Cases, interleaved round after round in one process, medians over rounds (CPU time of this thread, so other
 load on the machine counts less than in wall time):
 
-* span encoding, per span, for a batch of 512 realistic spans (SERVER spans with the stable semconv
-  attributes, CLIENT spans with an attempt event): ``old`` = the official encoders (protobuf ->
+* span encoding, per span, for a batch of 512 harness-shaped spans (``_rollout_spans``: the 16 spans of
+  a rollout as a run writes them): ``old`` = the official encoders (protobuf ->
   ``MessageToDict`` -> orjson, ids patched to hex), ``new`` = the direct encoder; ``new_vs_old`` ratio
   (the issue's budget: new ≤ 25 µs per span)
 * metrics encoding, per collection of 40 streams (histograms with exemplars, counters): old vs new
@@ -41,11 +41,10 @@ from opentelemetry.sdk.metrics.export import (  # noqa: E402
     PeriodicExportingMetricReader,
 )
 from opentelemetry.sdk.resources import Resource  # noqa: E402
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
-from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags  # noqa: E402
+from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags  # noqa: E402
 
+from _rollout_spans import rollout_spans  # noqa: E402
 from gym_obs.telemetry import names  # noqa: E402
 from gym_obs.telemetry._exemplars import RecordedSpanExemplarFilter  # noqa: E402
 from gym_obs.telemetry._fanout import FanOutMetricExporter  # noqa: E402
@@ -56,46 +55,6 @@ RESOURCE = Resource.create(
     {names.SERVICE_NAME: "gym/model_0", names.ATTR_SERVER_NAME: "model_0", names.ATTR_RUN_ID: "bench"}
 )
 HOUR_MS = 3_600_000
-
-
-def _spans(count: int) -> list[ReadableSpan]:
-    memory = InMemorySpanExporter()
-    provider = TracerProvider(resource=RESOURCE)
-    provider.add_span_processor(SimpleSpanProcessor(memory))
-    tracer = provider.get_tracer(names.INSTRUMENTATION_SCOPE, "1.0")
-    for index in range(count // 2):
-        server_attrs = {
-            "http.request.method": "POST",
-            "url.path": "/v1/responses",
-            "url.scheme": "http",
-            "http.route": "/v1/responses",
-            "http.response.status_code": 200,
-            "server.address": "127.0.0.1",
-            "server.port": 8000,
-            "network.protocol.version": "1.1",
-            "client.address": "127.0.0.1",
-            "user_agent.original": "python/aiohttp",
-        }
-        with tracer.start_as_current_span(
-            "POST /v1/responses", kind=SpanKind.SERVER, attributes=server_attrs
-        ):
-            client_attrs = {
-                "http.request.method": "POST",
-                "url.full": "http://127.0.0.1:9000/v1/responses",
-                "server.address": "127.0.0.1",
-                "server.port": 9000,
-                "http.response.status_code": 200,
-                "gym.server.name": "policy_model",
-                "gym.rollout.id": f"rollout-{index}",
-                "http.request.resend_count": 1,
-            }
-            with tracer.start_as_current_span("POST", kind=SpanKind.CLIENT, attributes=client_attrs) as span:
-                if index % 4 == 0:
-                    span.add_event(
-                        names.SPAN_EVENT_ATTEMPT_FAILED, {names.ATTR_ATTEMPT: 1, "error.type": "timeout"}
-                    )
-    provider.shutdown()
-    return list(memory.get_finished_spans())
 
 
 def _record_setup(
@@ -151,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--spans", type=int, default=512, help="spans per batch (the batch processor's size)")
     args = parser.parse_args(argv)
-    spans = _spans(args.spans)
+    spans = rollout_spans(args.spans)
     tracer = TracerProvider(resource=RESOURCE).get_tracer("bench")
     data = _metrics_data(tracer)
     directory = tempfile.mkdtemp(prefix="gym-bench-sink-")

@@ -41,3 +41,7 @@ def test_harness_throughput_takes_port_base() -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-2000:]
     assert "| telemetry off" in done.stdout and "| OTLP to rotel" in done.stdout
+    for name in ("file_cpu_ratio=", "file_p50_ratio=", "otlp_cpu_ratio=", "otlp_p50_ratio="):
+        assert name in done.stdout
+    assert "load average at start:" in done.stdout and "load average at end:" in done.stdout
+    assert done.stdout.strip().splitlines()[-1].startswith("telemetry_cost_ratio=")

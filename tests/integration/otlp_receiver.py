@@ -100,6 +100,7 @@ class OtlpReceiver:
         self._spans: list[ReceivedSpan] = []
         self._logs: list[ReceivedLog] = []
         self._metric_requests: list[ExportMetricsServiceRequest] = []
+        self._trace_requests: list[ExportTraceServiceRequest] = []
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -190,6 +191,7 @@ class OtlpReceiver:
                     )
         with self._lock:
             self._spans.extend(received)
+            self._trace_requests.append(message)
         return web.Response(
             body=ExportTraceServiceResponse().SerializeToString(), content_type="application/x-protobuf"
         )
@@ -225,6 +227,11 @@ class OtlpReceiver:
         """Every metrics export request, in arrival order."""
         with self._lock:
             return list(self._metric_requests)
+
+    def trace_requests(self) -> list[ExportTraceServiceRequest]:
+        """Every trace export request as the official classes parsed it, in arrival order."""
+        with self._lock:
+            return list(self._trace_requests)
 
     def spans(self) -> list[ReceivedSpan]:
         with self._lock:

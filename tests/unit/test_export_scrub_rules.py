@@ -132,3 +132,61 @@ def test_log_lines_never_carry_terminal_escapes_or_secrets() -> None:
     text = repr(event)
     assert CANARY not in text and "\x1b" not in event["event"] and "\x9b" not in event["reason"]
     assert event["reason"].endswith("\nnext") and event["n"] == 1
+
+
+def test_the_backstop_cleans_every_span_of_a_batch_whatever_it_saw_before(telemetry: Capture) -> None:
+    """The exporter remembers recent values: a dirty URL seen again, many distinct dirty URLs (more than
+    it keeps), an array of URLs and a str subclass are each cleaned every time; gym's own clean CLIENT
+    spans pass through as they are."""
+
+    class Text(str):
+        pass
+
+    tracer = telemetry.tracer_provider.get_tracer("t")
+    dirty = f"http://user:{CANARY}@host:1/x?t={CANARY}"
+    for index in range(1500):
+        with tracer.start_as_current_span("dirty", attributes={"url.full": f"{dirty}&i={index}"}):
+            pass
+        with tracer.start_as_current_span("same", attributes={"http.url": dirty, "url.path": "/x"}):
+            pass
+    with tracer.start_as_current_span("array", attributes={"url.full": (dirty, "http://ok:2/y")}):
+        pass
+    with tracer.start_as_current_span("clean", attributes={"url.full": "http://127.0.0.1:9/v1/responses"}):
+        pass
+    raw = telemetry.spans()
+    raw[-1]._attributes._dict["http.target"] = Text(f"/x?{CANARY}")  # type: ignore[attr-defined]
+    inner = _Keep()
+    exporter = ScrubbingSpanExporter(inner)
+    for _ in range(2):
+        inner.spans.clear()
+        assert exporter.export(raw) is SpanExportResult.SUCCESS
+        assert len(inner.spans) == len(raw)
+        for span in inner.spans:
+            assert CANARY not in _blob(span) and "c4n4ry" not in _blob(span)
+        by_name = {span.name: span for span in inner.spans}
+        assert by_name["same"].attributes["http.url"] == "http://REDACTED:REDACTED@host:1/x"
+        assert by_name["array"].attributes["url.full"] == ("http://REDACTED:REDACTED@host:1/x", "http://ok:2/y")
+        assert by_name["clean"].attributes["http.target"] == "/x"
+    with tracer.start_as_current_span("gym client", attributes={"url.full": "http://127.0.0.1:9/v1"}):
+        pass
+    (gym_span,) = telemetry.spans("gym client")
+    inner.spans.clear()
+    exporter.export([gym_span, gym_span])
+    assert inner.spans[0] is gym_span and inner.spans[1] is gym_span
+
+
+def test_a_cleaned_copy_keeps_the_dropped_counts() -> None:
+    from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+
+    provider = TracerProvider(span_limits=SpanLimits(max_span_attributes=3, max_events=1, max_links=1))
+    tracer = provider.get_tracer("t")
+    link = trace.Link(trace.SpanContext(1, 2, is_remote=True))
+    with tracer.start_as_current_span("x", links=[link, link]) as span:
+        span.set_attributes({"a": 1, "b": 2, "c": 3, "url.full": f"http://h:1/?{CANARY}"})  # "a" dropped
+        span.add_event("one")
+        span.add_event("two")
+    assert isinstance(span, ReadableSpan)
+    clean = scrub_span(span)
+    assert clean is not span and CANARY not in _blob(clean)
+    assert (clean.dropped_attributes, clean.dropped_events, clean.dropped_links) == (1, 1, 1)
+    provider.shutdown()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import json
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +36,10 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.metrics.view import ExponentialBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExportResult
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
-from opentelemetry.trace.span import TraceState
+from opentelemetry.trace import SpanContext
 
 from gym_obs.harness.telemetry_files import iter_spans, read_metric_totals
 from gym_obs.telemetry._otlp_json import metrics_json_line, spans_json_line
@@ -52,29 +49,7 @@ from gym_obs.telemetry.file_export import (
     file_span_exporter,
     otlp_json_line,
 )
-
-RESOURCE = Resource(
-    {"service.name": "gym/model_0", "n": 3, "f": 1.5, "b": False, "list": ("a", "b")},
-    schema_url="https://opentelemetry.io/schemas/1.26.0",
-)
-ATTRIBUTE_VALUES: dict[str, Any] = {
-    "str": "value",
-    "empty": "",
-    "int": -5,
-    "big": 2**62,
-    "float": 0.25,
-    "zero": 0.0,
-    "nan": float("nan"),
-    "inf": float("inf"),
-    "-inf": float("-inf"),
-    "true": True,
-    "false": False,
-    "strs": ("a", ""),
-    "ints": (1, -2),
-    "floats": (1.0, 2.5),
-    "bools": (True, False),
-    "no_items": (),
-}
+from tests.unit.otlp_spans import ATTRIBUTE_VALUES, RESOURCE, every_field_spans, hand_built_spans
 
 
 def _ids_to_base64(doc: Any) -> Any:
@@ -112,91 +87,16 @@ def _assert_same_metrics_line(data: MetricsData) -> None:
     assert json.loads(line) == json.loads(otlp_json_line(expected))
 
 
-@pytest.fixture
-def recorded() -> Iterator[tuple[TracerProvider, InMemorySpanExporter]]:
-    provider = TracerProvider(resource=RESOURCE, span_limits=SpanLimits(max_span_attributes=20, max_events=3))
-    memory = InMemorySpanExporter()
-    provider.add_span_processor(SimpleSpanProcessor(memory))
-    yield provider, memory
-    provider.shutdown()
-
-
-def test_spans_with_every_field_match_the_official_encoder(
-    recorded: tuple[TracerProvider, InMemorySpanExporter],
-) -> None:
-    provider, memory = recorded
-    tracer = provider.get_tracer("gym_obs", "1.2.3", schema_url="https://scope", attributes={"scope.attr": 1})
-    other = provider.get_tracer("other")  # no version: a second scope in the same resource
-    remote = SpanContext(
-        trace_id=0x0AF7651916CD43DD8448EB211C80319C,
-        span_id=0x00F067AA0BA902B7,
-        is_remote=True,
-        trace_flags=TraceFlags(TraceFlags.SAMPLED),
-        trace_state=TraceState([("vendor", "v1"), ("gym", "x")]),
-    )
-    parent_ctx = trace.set_span_in_context(NonRecordingSpan(remote))
-    with tracer.start_as_current_span("POST /run", context=parent_ctx, kind=SpanKind.SERVER) as server:
-        server.set_attributes(ATTRIBUTE_VALUES)
-        server.add_event("gym.http.attempt_failed", {"gym.attempt": 1, "error.type": "timeout"})
-        server.add_event("no attributes")
-        for index in range(4):  # one more than max_events: a dropped event
-            server.add_event("bulk", {"i": index})
-        server.set_status(Status(StatusCode.ERROR, "boom"))
-        with tracer.start_as_current_span(
-            "GET", kind=SpanKind.CLIENT, links=[Link(remote, {"link.kind": "follows"}), Link(remote)]
-        ) as client:
-            client.set_status(Status(StatusCode.OK))
-            client.set_attributes({f"k{i}": i for i in range(25)})  # dropped attributes
-        with other.start_as_current_span("", kind=SpanKind.INTERNAL):  # an empty name
-            pass
-        for kind in (SpanKind.PRODUCER, SpanKind.CONSUMER):
-            with tracer.start_as_current_span(kind.name, kind=kind):
-                pass
-    spans = list(memory.get_finished_spans())
-    assert len(spans) == 5
+def test_spans_with_every_field_match_the_official_encoder() -> None:
+    spans = every_field_spans()
     _assert_same_trace_line(spans)
     for span in spans:
         _assert_same_trace_line([span])
 
 
 def test_hand_built_spans_with_values_the_sdk_would_not_make_match_too() -> None:
-    """ReadableSpans built directly (as the export scrubber does): bytes, maps, None, out-of-range ints."""
-    context = SpanContext(trace_id=1, span_id=2, is_remote=False)
-    other_resource = Resource({"service.name": "gym/other"})
-    attributes: dict[str, Any] = {
-        "bytes": b"\x00\xffraw",
-        "no_bytes": b"",
-        "map": {"a": 1, "b": ("x", None)},
-        "empty_map": {},
-        "none_inside": ("a", None),
-        "too_big": 2**64,  # the official encoder skips it
-        "object": object(),  # skipped as well
-        "": "an empty key",
-    }
-    scope = InstrumentationScope("hand", None, None, None)
-    spans = [
-        ReadableSpan(
-            name="hand",
-            context=context,
-            parent=SpanContext(trace_id=1, span_id=3, is_remote=False),
-            resource=RESOURCE,
-            attributes=attributes,
-            events=[Event("e", {"bytes": b"1"}, timestamp=10)],
-            links=[Link(SpanContext(trace_id=9, span_id=8, is_remote=True), {"w": 0.5})],
-            kind=SpanKind.CLIENT,
-            status=Status(StatusCode.UNSET),
-            start_time=1,
-            end_time=2,
-            instrumentation_scope=scope,
-        ),
-        ReadableSpan(name="no scope, other resource", context=context, resource=other_resource, start_time=5),
-        ReadableSpan(
-            name="equal resource, other object",
-            context=context,
-            resource=Resource(RESOURCE.attributes, RESOURCE.schema_url),
-        ),
-    ]
-    _assert_same_trace_line(spans)
+    """(A string that is not UTF-8 fails orjson's whole line: see the fallback test below.)"""
+    _assert_same_trace_line(hand_built_spans(not_utf8=False))
 
 
 def _metrics(provider: MeterProvider, tracer: trace.Tracer) -> None:

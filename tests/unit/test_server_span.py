@@ -11,7 +11,8 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import APIRouter, FastAPI
-from opentelemetry.trace import SpanKind, StatusCode
+from opentelemetry.trace import SpanKind, StatusCode, get_current_span
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from gym_obs.config import TelemetryConfig
 from gym_obs.server._native_telemetry import disable_native_telemetry
@@ -97,6 +98,41 @@ async def test_the_caller_is_the_parent(telemetry: Capture) -> None:
     _, (span,) = await _get(telemetry, "/items/1", traceparent=f"00-{TRACE_ID}-{PARENT_ID}-01")
     assert format(span.context.trace_id, "032x") == TRACE_ID
     assert span.parent is not None and format(span.parent.span_id, "016x") == PARENT_ID
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-00"},  # not sampled
+        {"traceparent": f"01-{TRACE_ID}-{PARENT_ID}-01-future"},  # a later version may add fields
+        {"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01-extra"},  # version 00 may not
+        {"traceparent": f"ff-{TRACE_ID}-{PARENT_ID}-01"},
+        {"traceparent": f"00-{'0' * 32}-{PARENT_ID}-01"},
+        {"traceparent": f"00-{TRACE_ID}-{'0' * 16}-01"},
+        {"traceparent": f"00-{TRACE_ID.upper()}-{PARENT_ID}-01"},
+        {"traceparent": "not-a-traceparent"},
+        {"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01", "tracestate": "vendor=1,other=2"},
+        {"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01", "baggage": "k=v"},
+    ],
+)
+async def test_the_parent_is_what_the_w3c_propagator_extracts(
+    telemetry: Capture, headers: dict[str, str]
+) -> None:
+    """A lone ``traceparent`` is parsed by the layer itself: it must agree with the SDK's propagator."""
+    expected = get_current_span(TraceContextTextMapPropagator().extract(headers)).get_span_context()
+    _, spans = await _get(telemetry, "/items/1", **headers)
+    if expected.is_valid and not expected.trace_flags.sampled:
+        assert spans == []  # the parent-based sampler follows the caller's decision
+        return
+    (span,) = spans
+    if not expected.is_valid:
+        assert span.parent is None
+        return
+    assert span.parent is not None
+    assert (span.parent.trace_id, span.parent.span_id) == (expected.trace_id, expected.span_id)
+    assert (span.parent.trace_flags, span.parent.is_remote) == (expected.trace_flags, True)
+    assert span.parent.trace_state == expected.trace_state
+    assert span.context.trace_id == expected.trace_id
 
 
 @pytest.mark.parametrize(

@@ -4,15 +4,20 @@ uvicorn only marks a request as disconnected; the handler keeps running (a rollo
 for a caller that will never read the answer. This pure ASGI middleware cancels the handler's task when
 the client disconnects before the response starts, and drops anything the handler sends afterwards.
 
-Cost on the fast path is a set insert and removal: one sweeper task per event loop (alive only while
-requests are in flight) looks at the running requests every ``watch_delay_s`` and starts a watcher task
-only for those it has already seen on its previous pass, so quick requests never pay for a task or a timer
-and a disconnect is noticed within two sweeps.
+One sweeper task per event loop (alive only while requests are in flight) looks at the running requests
+every ``watch_delay_s``. Under uvicorn (``receive`` is its request cycle's, which keeps ``disconnected``
+and ``response_started`` flags, set by the transport whether or not anybody reads) a request costs a dict
+insert and removal and the sweeper reads the flags: no task, no timer, no wrapper, a disconnect noticed
+within one sweep. (uvicorn stops reading a socket whose unread body passed its high-water mark, so a
+handler that never reads a large body sees its caller leave only when it reads.) Under any other server,
+the sweeper starts a watcher task for the requests it has already seen on its previous pass (so quick
+requests never pay for one) that reads ``receive`` for the app and waits for the disconnect; a disconnect
+is noticed within two sweeps.
 
-This layer wraps only ``receive``. Whether the reply has started is the request's
-:class:`~gym_obs.server._exchange.Exchange`'s to know, and once this layer says the caller is gone
-(``Exchange.caller_gone``) the exchange's ``send`` (the one wrapper every layer shares) drops what the
-handler still sends, and the failure-reply layer outside sends no failure reply.
+This layer never wraps ``send``. Whether the reply has started is the request's
+:class:`~gym_obs.server._exchange.Exchange`'s (or uvicorn's) to know, and once this layer says the caller
+is gone (``Exchange.caller_gone``) the exchange's ``send`` (the one wrapper every layer shares) drops what
+the handler still sends, and the failure-reply layer outside sends no failure reply.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import Any, Final
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gym_obs.server._exchange import Exchange
+from gym_obs.server._exchange import EXCHANGE_SCOPE_KEY, Exchange
 
 __all__ = ["DEFAULT_WATCH_DELAY_S", "DisconnectCancelMiddleware"]
 
@@ -133,25 +138,34 @@ class _Watch:
 
 
 class _Sweeper:
-    """One per event loop: starts watchers for requests seen on two consecutive passes."""
+    """One per event loop: polls uvicorn's flags, starts watchers for requests seen on two passes."""
 
-    __slots__ = ("interval", "loop", "running", "task")
+    __slots__ = ("cancelled", "interval", "loop", "polled", "running", "task")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, interval: float) -> None:
         self.loop = loop
         self.interval = interval
         self.running: set[_Watch] = set()
+        #: uvicorn requests: task -> (its request cycle, its exchange)
+        self.polled: dict[asyncio.Task[Any], tuple[Any, Exchange | None]] = {}
+        #: polled tasks this layer cancelled for a disconnect (the layer absorbs their CancelledError)
+        self.cancelled: set[asyncio.Task[Any]] = set()
         self.task: asyncio.Task[None] | None = None
 
-    def add(self, watch: _Watch) -> None:
-        self.running.add(watch)
+    def start(self) -> None:
         if self.task is None:
             self.task = self.loop.create_task(self._sweep())
 
     async def _sweep(self) -> None:
         try:
-            while self.running:
+            while self.running or self.polled:
                 await asyncio.sleep(self.interval)
+                for task, (cycle, exchange) in tuple(self.polled.items()):
+                    if cycle.disconnected and not cycle.response_started and task not in self.cancelled:
+                        self.cancelled.add(task)
+                        if exchange is not None:
+                            exchange.caller_gone = True
+                        task.cancel()
                 for watch in tuple(self.running):
                     if not watch.aged:
                         watch.aged = True
@@ -174,37 +188,58 @@ class DisconnectCancelMiddleware:
         if task is None:
             await self.app(scope, receive, send)
             return
-        exchange, send = Exchange.join(scope, send)  # its send drops messages once the caller is gone
-        watch = _Watch(receive, task, exchange)
         sweeper = self._sweeper
         if sweeper is None or sweeper.loop is not task.get_loop():
             sweeper = self._sweeper = _Sweeper(task.get_loop(), self.watch_delay_s)
-        sweeper.add(watch)
+        cycle = getattr(receive, "__self__", None)
+        if type(getattr(cycle, "disconnected", None)) is not bool:
+            await self._watched(scope, receive, send, task, sweeper)
+            return
+        polled = sweeper.polled
+        polled[task] = (cycle, scope.get(EXCHANGE_SCOPE_KEY))
+        if sweeper.task is None:
+            sweeper.start()
+        try:
+            await self.app(scope, receive, send)
+        except asyncio.CancelledError:
+            if task not in sweeper.cancelled or not _absorbed(task, sweeper.cancelled, scope):
+                raise
+        finally:
+            polled.pop(task, None)  # (pop: a re-entered layer may have removed it already)
+            if sweeper.cancelled and task in sweeper.cancelled:  # (empty, hence false, but on a disconnect)
+                sweeper.cancelled.discard(task)
+                task.uncancel()  # the handler swallowed our cancellation: undo it
+
+    async def _watched(
+        self, scope: Scope, receive: Receive, send: Send, task: asyncio.Task[Any], sweeper: _Sweeper
+    ) -> None:
+        """A server other than uvicorn: a watcher task reads ``receive`` once the request has aged."""
+        exchange, send = Exchange.join(scope, send)  # its send drops messages once the caller is gone
+        watch = _Watch(receive, task, exchange)
+        sweeper.running.add(watch)
+        sweeper.start()
         try:
             await self.app(scope, watch.receive, send)
         except asyncio.CancelledError:
-            if not self._absorb(watch, scope):
+            if not watch.cancelled_by_us:
+                raise
+            watch.cancelled_by_us = False  # handled: the end below must not uncancel again
+            watch.close()
+            if not _absorbed(task, None, scope):
                 raise
         finally:
-            self._end(watch)
+            sweeper.running.discard(watch)
+            watch.close()
+            if watch.cancelled_by_us:  # the handler swallowed our cancellation: undo it
+                watch.cancelled_by_us = False
+                watch.task.uncancel()
 
-    @staticmethod
-    def _absorb(watch: _Watch, scope: Scope) -> bool:
-        """For a CancelledError out of the app: True when it was our disconnect cancellation (swallow it)."""
-        if not watch.cancelled_by_us:
-            return False
-        watch.cancelled_by_us = False  # handled: _end() must not uncancel again
-        watch.close()
-        if watch.task.uncancel() > 0:
-            return False  # somebody else (server shutdown) cancelled the task as well
-        _log.info("client disconnected before the reply; handler cancelled", extra={"path": scope["path"]})
-        return True
 
-    def _end(self, watch: _Watch) -> None:
-        """Stop tracking; undo our cancellation if the handler swallowed it."""
-        if self._sweeper is not None:
-            self._sweeper.running.discard(watch)
-        watch.close()
-        if watch.cancelled_by_us:
-            watch.cancelled_by_us = False
-            watch.task.uncancel()
+def _absorbed(task: asyncio.Task[Any], cancelled: set[asyncio.Task[Any]] | None, scope: Scope) -> bool:
+    """For our disconnect cancellation out of the app: True when it is ours alone (swallow it)."""
+    if cancelled is not None:
+        cancelled.discard(task)
+    if task.uncancel() > 0:
+        return False  # somebody else (server shutdown) cancelled the task as well
+    _log.info("client disconnected before the reply; handler cancelled", extra={"path": scope["path"]})
+    return True

@@ -7,7 +7,9 @@ every layer wrapping ``send`` to find out, the first layer that needs it binds t
 (:meth:`Exchange.bind`); the others register hooks on the ``http.response.start`` message. Hooks run
 innermost layer first, as if each layer had wrapped ``send`` itself.
 
-Cost per request: one small object and one ``send`` wrapper for all the layers together.
+The outermost gym layer (``_context``) creates the exchange and binds ``send``, so the layers inside get
+the shared wrapper and only look the exchange up. Cost per request: one small object and one ``send``
+wrapper for all the layers together.
 """
 
 from __future__ import annotations
@@ -32,12 +34,22 @@ StartHook = Callable[["Exchange", Message], Message]
 class Exchange:
     """One request and its reply, as the gym layers see it (each field is written by one layer)."""
 
-    __slots__ = ("_bound", "_hooks", "caller_gone", "failure_log", "final_report", "response_started")
+    __slots__ = (
+        "_bound",
+        "_hooks",
+        "caller_gone",
+        "failure_log",
+        "final_report",
+        "response_started",
+        "status",
+    )
 
     def __init__(self) -> None:
         self._bound = False
         self._hooks: list[StartHook] | None = None
         self.response_started = False
+        #: the reply's status (0 until the reply starts), for the SERVER span and its duration point
+        self.status = 0
         #: set by the disconnect layer when it cancelled the handler for a caller that went away
         self.caller_gone = False
         #: the failure layer's log of this request, and the report of the failure it replies with
@@ -51,6 +63,8 @@ class Exchange:
         exchange: Exchange | None = scope.get(EXCHANGE_SCOPE_KEY)
         if exchange is None:
             exchange = scope[EXCHANGE_SCOPE_KEY] = Exchange()
+        elif exchange._bound:
+            return exchange, send  # (the common case, without the call to bind)
         return exchange, exchange.bind(send)
 
     def bind(self, send: Send) -> Send:
@@ -67,14 +81,17 @@ class Exchange:
         self._bound = True
 
         async def exchange_send(message: Message) -> None:
-            if self.caller_gone:
-                return  # the handler was cancelled for a caller that went away: nothing goes out after that
             if message["type"] == "http.response.start":
+                self.status = message["status"]
+                if self.caller_gone:
+                    return  # the handler was cancelled for a caller that went away: nothing goes out
                 self.response_started = True
                 hooks = self._hooks
                 if hooks is not None:
                     for hook in reversed(hooks):
                         message = hook(self, message)
+            elif self.caller_gone:
+                return
             await send(message)
 
         return exchange_send

@@ -156,12 +156,16 @@ class FailureReplyMiddleware:
     inside this one, says so).
     """
 
-    def __init__(self, app: ASGIApp, *, boundary: Boundary = "harness") -> None:
+    def __init__(self, app: ASGIApp, *, boundary: Boundary = "harness", restore_query: bool = True) -> None:
         self.app = app
         self.boundary = boundary
+        #: whether an outer layer may have hidden the query from contrib's SERVER span (see
+        #: ``_instrumentation``): then it is given back here; a stack without contrib skips the look
+        self.restore_query = restore_query
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        restore_after_instrumentation(scope)  # the query the path middleware hid from the SERVER span
+        if self.restore_query:
+            restore_after_instrumentation(scope)  # the query the path middleware hid from the SERVER span
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return

@@ -38,6 +38,7 @@ is identical: names, kinds, parent edges, attribute values, the metric's name, u
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from time import perf_counter
 from typing import Any, Final
@@ -50,12 +51,25 @@ except ImportError:  # pragma: no cover - older FastAPI: the routes are matchabl
     iter_route_contexts = None  # type: ignore[assignment]
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.context import Context
 from opentelemetry.propagate import get_global_textmap
-from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
+from opentelemetry.propagators.composite import CompositePropagator
+from opentelemetry.trace import (
+    INVALID_SPAN,
+    NonRecordingSpan,
+    Span,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+)
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from starlette.routing import Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gym_obs.server._exchange import Exchange
 from gym_obs.server._instrumentation import HEALTH_ROUTES, instrument_app_for_telemetry
 from gym_obs.telemetry import names
 from gym_obs.telemetry._state import STATE
@@ -63,7 +77,7 @@ from gym_obs.telemetry._types import AttributeValue
 from gym_obs.telemetry.metrics import AttributeCache
 from gym_obs.telemetry.propagation import current_rollout_id
 from gym_obs.telemetry.redaction import scrub_text
-from gym_obs.telemetry.spans import record_exception
+from gym_obs.telemetry.spans import record_exception, set_trusted_attributes
 
 __all__ = ["ServerSpanMiddleware", "add_server_span"]
 
@@ -71,17 +85,25 @@ _log = logging.getLogger("gym_obs.server")
 
 _HOST: Final = 0
 _USER_AGENT: Final = 1
-_CONTEXT: Final = 2
+_TRACEPARENT: Final = 2
+_CONTEXT: Final = 3
+_TRACEPARENT_NAME: Final = "traceparent"
 # One dict lookup per request header decides whether it is one of the few this layer reads.
 _WANTED: Final = {
     b"host": _HOST,
     b"user-agent": _USER_AGENT,
-    b"traceparent": _CONTEXT,
+    b"traceparent": _TRACEPARENT,
     b"tracestate": _CONTEXT,
     b"baggage": _CONTEXT,
 }
+# TraceContextTextMapPropagator's pattern and rules (``_w3c_parent``).
+_TRACEPARENT_RE: Final = re.compile(
+    r"^[ \t]*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?[ \t]*$"
+)
+_ZERO_TRACE_ID: Final = "0" * 32
+_ZERO_SPAN_ID: Final = "0" * 16
 _ROOT: Final = Context()  # no caller context: the span starts a trace (as contrib's extract does)
-_MAX_CACHED: Final = 256  # distinct Host / User-Agent values remembered (cleared when full)
+_MAX_CACHED: Final = 256  # request shapes and span names remembered (cleared when full)
 _MAX_RAW_USER_AGENT: Final = 4 * names.MAX_USER_AGENT_CHARS  # bounds the scrubber's work
 _SPAN_NAME_OTHER: Final = "HTTP"  # span name of a request with a method outside the conventions' set
 _ERROR_STATUS: Final = 500
@@ -105,7 +127,15 @@ def add_server_span(app: ASGIApp, instrumentation: str) -> ASGIApp:
 
 
 class ServerSpanMiddleware:
-    """One SERVER span (``{METHOD} {route}``) and one ``http.server.request.duration`` point per request."""
+    """One SERVER span (``{METHOD} {route}``) and one ``http.server.request.duration`` point per request.
+
+    Per request it builds no object of its own: the reply status comes from the request's shared
+    :class:`~gym_obs.server._exchange.Exchange` (whose ``send`` wrapper the layers already share), the
+    request attributes that depend only on the request's shape (method, scheme, version, ``Host``,
+    ``User-Agent``) are copied from a per-shape cache, a ``traceparent``-only carrier is parsed here with
+    a compiled pattern (the SDK propagator looks its pattern up in ``re``'s cache on every call), and the
+    attributes, made valid here, go onto the span in one trusted pass when it ends.
+    """
 
     def __init__(self, app: ASGIApp, *, excluded_paths: Sequence[str] = HEALTH_ROUTES) -> None:
         self.app = app
@@ -118,8 +148,10 @@ class ServerSpanMiddleware:
             names.ATTR_ERROR_TYPE,
             names.ATTR_NETWORK_PROTOCOL_VERSION,
         )
-        self._hosts: dict[bytes, tuple[str, int | None]] = {}
-        self._agents: dict[bytes, str] = {}
+        self._shapes: dict[tuple[Any, ...], dict[str, AttributeValue]] = {}
+        self._names: dict[tuple[str, str | None], str] = {}
+        self._textmap: object = None
+        self._w3c_only = False
         self._failed_once = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -127,85 +159,42 @@ class ServerSpanMiddleware:
         if (kind != "http" and kind != "websocket") or scope["path"] in self._excluded or not STATE.enabled:
             await self.app(scope, receive, send)
             return
+        start = perf_counter()
+        if kind == "http":
+            exchange, send = Exchange.join(scope, send)  # its send notes the reply status
+        else:
+            exchange = Exchange()  # a websocket that sent a message answered (status 200, as contrib)
+            send = _websocket_send(exchange, send)
         try:
-            exchange = _Exchange(self, scope, send)
+            span, attributes, context = self._start(scope)
         except Exception:
             self._telemetry_failed()
             await self.app(scope, receive, send)
             return
-        token = otel_context.attach(exchange.context) if exchange.context is not None else None
+        token = otel_context.attach(context) if context is not None else None
+        error: Exception | None = None
         try:
-            await self.app(scope, receive, exchange.send)
-        except Exception as error:
-            if not exchange.done:
-                exchange.finish(error)
+            await self.app(scope, receive, send)
+        except Exception as exc:
+            error = exc
             raise
         finally:
-            if not exchange.done:
-                exchange.finish(None)
+            try:
+                self._finish(scope, span, attributes, start, exchange.status, error)
+            except Exception:
+                self._telemetry_failed()
             if token is not None:
                 otel_context.detach(token)
 
-    def host(self, value: bytes) -> tuple[str, int | None]:
-        """``(server.address, server.port)`` of a ``Host`` header value (cached: a server sees few)."""
-        found = self._hosts.get(value)
-        if found is None:
-            if len(self._hosts) >= _MAX_CACHED:
-                self._hosts.clear()
-            found = self._hosts[value] = _split_host(value.decode("latin-1"))
-        return found
-
-    def user_agent(self, value: bytes) -> str:
-        """``user_agent.original``: scrubbed, then bounded (cached: a server sees few agents)."""
-        found = self._agents.get(value)
-        if found is None:
-            if len(self._agents) >= _MAX_CACHED:
-                self._agents.clear()
-            text = scrub_text(value[:_MAX_RAW_USER_AGENT].decode("latin-1"))
-            found = self._agents[value] = text[: names.MAX_USER_AGENT_CHARS]
-        return found
-
-    def _telemetry_failed(self) -> None:
-        if not self._failed_once:
-            self._failed_once = True
-            _log.warning("the SERVER span failed; the request is served without it", exc_info=True)
-
-
-class _Exchange:
-    """One request's span, timing and reply status, from the header pass to the end of the reply."""
-
-    __slots__ = (
-        "_attributes",
-        "_layer",
-        "_method",
-        "_scope",
-        "_send",
-        "_start",
-        "context",
-        "done",
-        "span",
-        "status",
-    )
-
-    def __init__(self, layer: ServerSpanMiddleware, scope: Scope, send: Send) -> None:
-        self._start = perf_counter()
-        self._layer = layer
-        self._scope = scope
-        self._send = send
-        self.done = False
-        self.status = 0
-        self._method = ""
-        self.span: Span = INVALID_SPAN
-        self.context: Context | None = None
-        self._attributes: dict[str, AttributeValue] = {}
+    def _start(self, scope: Scope) -> tuple[Span, dict[str, AttributeValue] | None, Context | None]:
+        """The request's span (started, not current), its request attributes and the context to make
+        current; ``(INVALID_SPAN, None, None)`` when only the metric is recorded."""
         tracer = STATE.tracer
-        if scope["type"] == "http":
-            raw_method: str = scope["method"]
-            self._method = _method(raw_method)
         if not STATE.traces_enabled or tracer is None or not STATE.groups.server:
-            return  # metrics only
+            return INVALID_SPAN, None, None
         host: bytes | None = None
         agent: bytes | None = None
+        traceparent: bytes | None = None
         carrier: dict[str, str] | None = None
         wanted = _WANTED.get
         for key, value in scope["headers"]:
@@ -216,82 +205,74 @@ class _Exchange:
                 host = value
             elif slot == _USER_AGENT:
                 agent = value
+            elif slot == _TRACEPARENT:
+                traceparent = value  # (the last one, as the propagator's carrier dict keeps it)
             else:
                 if carrier is None:
                     carrier = {}
                 carrier[key.decode("latin-1")] = value.decode("latin-1")
-        attributes: dict[str, AttributeValue] = {
-            names.ATTR_URL_PATH: scope["path"],
-            names.ATTR_URL_SCHEME: scope.get("scheme") or "http",
-        }
-        method = self._method
-        if method:
-            attributes[names.ATTR_HTTP_REQUEST_METHOD] = method
-            if method != raw_method:
-                attributes[names.ATTR_HTTP_REQUEST_METHOD_ORIGINAL] = raw_method
-        server = scope.get("server")
-        if host is not None:
-            address, port = layer.host(host)
-            attributes[names.ATTR_SERVER_ADDRESS] = address
-            if port is None and server is not None:
-                port = server[1]
-            if port is not None:
-                attributes[names.ATTR_SERVER_PORT] = port
-        elif server is not None:
-            attributes[names.ATTR_SERVER_ADDRESS] = server[0]
-            if server[1] is not None:
-                attributes[names.ATTR_SERVER_PORT] = server[1]
-        version = scope.get("http_version")
-        if version:
-            attributes[names.ATTR_NETWORK_PROTOCOL_VERSION] = version
+        attributes = self._shape(scope, host, agent).copy()
+        attributes[names.ATTR_URL_PATH] = scope["path"]
         client = scope.get("client")
         if client:
             attributes[names.ATTR_CLIENT_ADDRESS] = client[0]
-        if agent is not None:
-            attributes[names.ATTR_USER_AGENT_ORIGINAL] = layer.user_agent(agent)
-
         if trace.get_current_span() is not INVALID_SPAN:
             # Called in-process inside another span (a test client): a child, as contrib does.
             parent = otel_context.get_current()
             kind = SpanKind.INTERNAL
         else:
-            parent = get_global_textmap().extract(carrier) if carrier is not None else _ROOT
             kind = SpanKind.SERVER
-        # The attributes are set once, with the reply's, when the span ends (one pass of the SDK's checks).
-        self._attributes = attributes
-        span = tracer.start_span(_span_name(method, None), context=parent, kind=kind)
-        self.span = span
-        self.context = trace.set_span_in_context(span, parent)
+            if carrier is None and self._w3c_default():
+                parent = _ROOT if traceparent is None else _w3c_parent(traceparent.decode("latin-1"))
+            else:
+                if traceparent is not None:
+                    carrier = carrier or {}
+                    carrier[_TRACEPARENT_NAME] = traceparent.decode("latin-1")
+                parent = get_global_textmap().extract(carrier) if carrier is not None else _ROOT
+        # The attributes are set once, with the reply's, when the span ends (one pass, no re-validation).
+        method = attributes.get(names.ATTR_HTTP_REQUEST_METHOD)
+        span = tracer.start_span(_span_name(method if isinstance(method, str) else "", None), parent, kind)
+        return span, attributes, trace.set_span_in_context(span, parent)
 
-    async def send(self, message: Message) -> None:
-        kind = message["type"]
-        if kind == "http.response.start":
-            self.status = message["status"]
-        elif kind == "websocket.send":
-            self.status = 200  # as contrib: a websocket that sent a message answered
-        await self._send(message)
+    def _shape(self, scope: Scope, host: bytes | None, agent: bytes | None) -> dict[str, AttributeValue]:
+        """The request attributes every request of this shape shares (cached; never mutate the result)."""
+        raw_method: str | None = scope.get("method")
+        key = (raw_method, scope.get("scheme"), scope.get("http_version"), host, agent, scope.get("server"))
+        found = self._shapes.get(key)
+        if found is None:
+            if len(self._shapes) >= _MAX_CACHED:
+                self._shapes.clear()
+            found = self._shapes[key] = _shape_attributes(scope, raw_method, host, agent)
+        return found
 
-    def finish(self, error: BaseException | None) -> None:
-        """End the span with the reply attributes and record the duration point (once)."""
-        self.done = True
-        try:
-            self._finish(error)
-        except Exception:
-            self._layer._telemetry_failed()
+    def _w3c_default(self) -> bool:
+        """Whether the global propagator is the default W3C trace context + baggage pair (checked once per
+        propagator object), so a carrier of one ``traceparent`` can be parsed here."""
+        textmap = get_global_textmap()
+        if textmap is not self._textmap:
+            self._textmap = textmap
+            self._w3c_only = _is_w3c_default(textmap)
+        return self._w3c_only
 
-    def _finish(self, error: BaseException | None) -> None:
-        scope = self._scope
+    def _finish(
+        self,
+        scope: Scope,
+        span: Span,
+        attributes: dict[str, AttributeValue] | None,
+        start: float,
+        status: int,
+        error: BaseException | None,
+    ) -> None:
+        """End the span with the reply attributes and record the duration point."""
         route = _route_template(scope)
-        status = self.status
         error_type: str | None = None
         if status >= _ERROR_STATUS:
             error_type = str(status)
         elif error is not None:
             error_type = type(error).__qualname__
-        method = self._method
-        span = self.span
-        if span.is_recording():
-            attributes = self._attributes
+        raw_method: str | None = scope.get("method")
+        method = _method(raw_method) if raw_method is not None else ""
+        if attributes is not None and span.is_recording():
             if route is not None:
                 attributes[names.ATTR_HTTP_ROUTE] = route
             if status:
@@ -301,9 +282,9 @@ class _Exchange:
             rollout_id = current_rollout_id()
             if rollout_id is not None:
                 attributes[names.ATTR_ROLLOUT_ID] = rollout_id
-            span.set_attributes(attributes)
+            set_trusted_attributes(span, attributes)
             # A websocket has no method: ``HTTP {route}``, as contrib names it.
-            span.update_name(_span_name(method or names.HTTP_METHOD_OTHER, route))
+            span.update_name(self._name(method or names.HTTP_METHOD_OTHER, route))
             if error is not None:
                 record_exception(span, error)
                 span.set_status(Status(StatusCode.ERROR, type(error).__qualname__))
@@ -312,7 +293,7 @@ class _Exchange:
         if method:  # http only: contrib records no point for websockets either
             instruments = STATE.instruments
             if instruments is not None:
-                point = self._layer._metric_attributes.get(
+                point = self._metric_attributes.get(
                     method,
                     scope.get("scheme") or "http",
                     route,
@@ -320,8 +301,86 @@ class _Exchange:
                     error_type,
                     scope.get("http_version") or None,
                 )
-                instruments.server_request_duration.record(perf_counter() - self._start, point)
+                instruments.server_request_duration.record(perf_counter() - start, point)
         span.end()
+
+    def _name(self, method: str, route: str | None) -> str:
+        key = (method, route)
+        found = self._names.get(key)
+        if found is None:
+            if len(self._names) >= _MAX_CACHED:
+                self._names.clear()
+            found = self._names[key] = _span_name(method, route)
+        return found
+
+    def _telemetry_failed(self) -> None:
+        if not self._failed_once:
+            self._failed_once = True
+            _log.warning("the SERVER span failed; the request is served without it", exc_info=True)
+
+
+def _websocket_send(exchange: Exchange, send: Send) -> Send:
+    async def websocket_send(message: Message) -> None:
+        if message["type"] == "websocket.send":
+            exchange.status = 200
+        await send(message)
+
+    return websocket_send
+
+
+def _shape_attributes(
+    scope: Scope, raw_method: str | None, host: bytes | None, agent: bytes | None
+) -> dict[str, AttributeValue]:
+    """The request attributes that depend only on the request's shape (see ``ServerSpanMiddleware``)."""
+    attributes: dict[str, AttributeValue] = {names.ATTR_URL_SCHEME: scope.get("scheme") or "http"}
+    if raw_method is not None:
+        method = _method(raw_method)
+        attributes[names.ATTR_HTTP_REQUEST_METHOD] = method
+        if method != raw_method:
+            attributes[names.ATTR_HTTP_REQUEST_METHOD_ORIGINAL] = raw_method
+    server = scope.get("server")
+    if host is not None:
+        address, port = _split_host(host.decode("latin-1"))
+        attributes[names.ATTR_SERVER_ADDRESS] = address
+        if port is None and server is not None:
+            port = server[1]
+        if port is not None:
+            attributes[names.ATTR_SERVER_PORT] = port
+    elif server is not None:
+        attributes[names.ATTR_SERVER_ADDRESS] = server[0]
+        if server[1] is not None:
+            attributes[names.ATTR_SERVER_PORT] = server[1]
+    version = scope.get("http_version")
+    if version:
+        attributes[names.ATTR_NETWORK_PROTOCOL_VERSION] = version
+    if agent is not None:
+        text = scrub_text(agent[:_MAX_RAW_USER_AGENT].decode("latin-1"))
+        attributes[names.ATTR_USER_AGENT_ORIGINAL] = text[: names.MAX_USER_AGENT_CHARS]
+    return attributes
+
+
+def _is_w3c_default(textmap: object) -> bool:
+    propagators = getattr(textmap, "_propagators", None)
+    return (
+        type(textmap) is CompositePropagator
+        and isinstance(propagators, list | tuple)
+        and [type(p) for p in propagators] == [TraceContextTextMapPropagator, W3CBaggagePropagator]
+    )
+
+
+def _w3c_parent(value: str) -> Context:
+    """The context ``TraceContextTextMapPropagator`` extracts from a carrier holding only ``value`` as its
+    ``traceparent`` (same pattern, same rules), without its per-call pattern lookup."""
+    match = _TRACEPARENT_RE.match(value)
+    if match is None:
+        return _ROOT
+    version, trace_id, span_id, flags, rest = match.groups()
+    if trace_id == _ZERO_TRACE_ID or span_id == _ZERO_SPAN_ID or version == "ff":
+        return _ROOT
+    if version == "00" and rest:
+        return _ROOT
+    remote = SpanContext(int(trace_id, 16), int(span_id, 16), True, TraceFlags(int(flags, 16)))
+    return trace.set_span_in_context(NonRecordingSpan(remote), _ROOT)
 
 
 def _method(raw: str) -> str:

@@ -262,7 +262,9 @@ class SimpleServer(BaseServer, abc.ABC):
                 "context": lambda inner: PathContextMiddleware(inner, hide_query=hide_query),
                 "span": lambda inner: add_server_span(inner, instrumentation),
                 "sessions": sessions,
-                "failure_reply": fastapi_middleware(FailureReplyMiddleware, boundary=self.failure_boundary),
+                "failure_reply": fastapi_middleware(
+                    FailureReplyMiddleware, boundary=self.failure_boundary, restore_query=hide_query
+                ),
                 "disconnect": self._disconnect_layer(),
                 "model_calls": self._install_model_calls,
             },

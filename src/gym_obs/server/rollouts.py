@@ -23,8 +23,10 @@ import contextlib
 import functools
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from contextvars import Token
 from typing import Final, ParamSpec, TypeVar
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanKind
@@ -33,8 +35,8 @@ from gym_obs.failures import NgFailureEvent
 from gym_obs.telemetry import names
 from gym_obs.telemetry._state import STATE
 from gym_obs.telemetry.metrics import AttributeCache
-from gym_obs.telemetry.propagation import current_rollout_id, rollout_context
-from gym_obs.telemetry.spans import record_exception, set_span_error
+from gym_obs.telemetry.propagation import ROLLOUT_ID
+from gym_obs.telemetry.spans import record_exception, set_span_error, set_trusted_attributes
 
 # The tally's home is telemetry (the client feeds it); its public names stay importable from here.
 from gym_obs.telemetry.tally import RolloutTally as RolloutTally
@@ -78,37 +80,36 @@ def _outcome_of(error: BaseException | None) -> str:
     return names.ROLLOUT_OUTCOME_FAILED
 
 
-@contextlib.contextmanager
-def _span(rollout_id: str | None) -> Iterator[Span | None]:
+def _start_span(rollout_id: str | None) -> tuple[Span | None, Token[Context] | None]:
+    """The rollout's span, started and made current (with the token to detach it), or ``(None, None)``."""
     tracer = STATE.tracer
     if not (STATE.enabled and STATE.traces_enabled and STATE.groups.rollout) or tracer is None:
-        yield None
-        return
-    attributes = {names.ATTR_ROLLOUT_ID: rollout_id} if rollout_id is not None else {}
+        return None, None
+    attributes = {names.ATTR_ROLLOUT_ID: rollout_id} if rollout_id is not None else None
     parent: Context | None = None
-    links: list[Link] = []
+    links: list[Link] | None = None
     if STATE.groups.rollout_is_root:  # per_rollout preset: each rollout its own trace, linked to the caller
         caller = trace.get_current_span().get_span_context()
         parent = Context()
-        links = [Link(caller)] if caller.is_valid else []
-    with tracer.start_as_current_span(
-        names.SPAN_ROLLOUT,
-        context=parent,
-        kind=SpanKind.INTERNAL,
-        links=links,
-        attributes=attributes,
-        record_exception=False,
-        set_status_on_exception=False,
-    ) as span:
-        yield span
+        links = [Link(caller)] if caller.is_valid else None
+    span = tracer.start_span(
+        names.SPAN_ROLLOUT, context=parent, kind=SpanKind.INTERNAL, links=links, attributes=attributes
+    )
+    return span, otel_context.attach(trace.set_span_in_context(span))
 
 
 @contextlib.contextmanager
 def rollout_scope(rollout_id: str | None = None) -> Iterator[RolloutTally]:
-    """Run the block as one rollout (see the module docstring); ``rollout_id`` defaults to the request's."""
-    rollout_id = rollout_id if rollout_id is not None else current_rollout_id()
+    """Run the block as one rollout (see the module docstring); ``rollout_id`` defaults to the request's.
+
+    The rollout id and the span are set and reset here directly rather than by two more nested context
+    managers (one generator each, per rollout).
+    """
+    rollout_id = rollout_id if rollout_id is not None else ROLLOUT_ID.get()
     error: BaseException | None = None
-    with tally_context(rollout_id) as tally, rollout_context(rollout_id), _span(rollout_id) as span:
+    with tally_context(rollout_id) as tally:
+        id_token = ROLLOUT_ID.set(rollout_id)
+        span, span_token = _start_span(rollout_id)
         try:
             yield tally
         except BaseException as exc:
@@ -116,6 +117,10 @@ def rollout_scope(rollout_id: str | None = None) -> Iterator[RolloutTally]:
             raise
         finally:
             _finish(span, tally, error)
+            if span is not None and span_token is not None:
+                otel_context.detach(span_token)
+                span.end()
+            ROLLOUT_ID.reset(id_token)
 
 
 def _finish(span: Span | None, tally: RolloutTally, error: BaseException | None) -> None:
@@ -124,13 +129,14 @@ def _finish(span: Span | None, tally: RolloutTally, error: BaseException | None)
         duration = time.perf_counter() - tally.started
         outcome = _outcome_of(error)
         if span is not None:
-            span.set_attributes(
+            set_trusted_attributes(  # built here, already valid: one pass without the SDK's re-checks
+                span,
                 {
                     names.ATTR_ROLLOUT_OUTCOME: outcome,
                     names.ATTR_ROLLOUT_INPUT_TOKENS: tally.input_tokens,
                     names.ATTR_ROLLOUT_OUTPUT_TOKENS: tally.output_tokens,
                     names.ATTR_ROLLOUT_MODEL_CALLS: tally.model_calls,
-                }
+                },
             )
             if outcome == names.ROLLOUT_OUTCOME_FAILED and isinstance(error, Exception):
                 kind = root_failure_kind(error)

@@ -24,7 +24,7 @@ import hmac
 import os
 import secrets
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -210,18 +210,17 @@ def json_field_value(body: bytes, field: str) -> str | None:
 
 
 def session_from_headers(
-    headers: Iterable[tuple[bytes, bytes]], signer: SessionSigner, routing: OwnedSessionRouting
+    headers: Sequence[tuple[bytes, bytes]], signer: SessionSigner, routing: OwnedSessionRouting
 ) -> str | None:
-    """The session a valid token names: the ``X-NG-Session`` header first, then the cookie (one pass)."""
-    header_token: bytes | None = None
-    cookies: list[bytes] | None = None
-    for key, value in headers:
-        if key == _HEADER:
-            header_token = value
-        elif key == b"cookie":
-            if cookies is None:
-                cookies = []
-            cookies.append(value)
+    """The session a valid token names: the ``X-NG-Session`` header first (the last one), then the cookie.
+
+    The headers are looked up through a dict built in C (every request passes here, and a Python loop
+    over the headers costs several times more); only a request with a cookie walks them for every
+    ``Cookie`` header.
+    """
+    by_name = dict(headers)
+    header_token = by_name.get(_HEADER)
+    cookies = [value for key, value in headers if key == b"cookie"] if b"cookie" in by_name else None
     if header_token is not None and routing.header:
         found = signer.verify(header_token.decode("latin-1").strip(), routing.ownership_ttl_s)
         if found is not None:
@@ -258,14 +257,18 @@ class RequestSession(dict[str, str]):
 
     __slots__ = ("_context", "_exchange", "_layer", "_log_tokens", "_span", "token")
 
-    def __init__(self, session_id: str | None, layer: SessionLayer, span: Any) -> None:
+    def __init__(
+        self, session_id: str | None, layer: SessionLayer, span: Any, exchange: Exchange | None = None
+    ) -> None:
         # (dict.__init__ is not called: the mapping starts empty, and this runs on every request)
         self._layer = layer
         self._span = span
+        #: a session issued during the request goes back on this exchange's reply (a start hook)
+        self._exchange = exchange
         self.token: str | None = None  # set when issued here: the reply hands it to the caller
         self._log_tokens: list[Any] | None = None
-        self._context: contextvars.Token[RequestSession | None] | None = None
-        self._exchange: Exchange | None = None
+        # The request starts: this session is current (``current_session_id``) until :meth:`end`.
+        self._context: contextvars.Token[RequestSession | None] | None = _CURRENT.set(self)
         if session_id is not None:
             self._adopt(session_id)
 
@@ -296,14 +299,6 @@ class RequestSession(dict[str, str]):
         """The request's start hook (see ``_exchange``): ``message`` (an ``http.response.start``) handing
         back a session issued during this request."""
         return self._layer.reply_start(message, self)
-
-    def begin(self) -> None:
-        """The request starts: this session is current (``current_session_id``) until :meth:`end`."""
-        self._context = _CURRENT.set(self)
-
-    def reply_through(self, exchange: Exchange) -> None:
-        """Hand a session issued during the request back on the reply of ``exchange`` (a start hook)."""
-        self._exchange = exchange
 
     def end(self) -> None:
         """The request is over: the session is no longer current, log lines no longer carry it."""
@@ -338,8 +333,9 @@ def current_session_id() -> str | None:
 class SessionLayer:
     """What the sessions of one server share: signer, routing, owner check, excluded paths.
 
-    :class:`SessionMiddleware` runs its steps for each request: ``open`` -> handler -> ``reply_start`` on
-    the response start -> the session's ``end``.
+    :class:`SessionMiddleware` runs its steps for each request: ``open`` (the session is current) ->
+    handler -> ``reply_start`` on the response start (only for a session issued here) -> the session's
+    ``end``.
     """
 
     __slots__ = ("excluded_paths", "owns", "routing", "signer")
@@ -367,9 +363,10 @@ class SessionLayer:
                 session_id = self.signer.new_session_id()
         return session_id
 
-    def open(self, scope: Scope) -> RequestSession | None:
-        """Resolve the request's session from its headers (or the owner router) and make it current;
-        ``None`` when the JSON body must be read first (then call :meth:`open_reading_body`)."""
+    def open(self, scope: Scope, exchange: Exchange | None = None) -> RequestSession | None:
+        """Resolve the request's session from its headers (or the owner router) and make it current (a
+        session issued later goes back on ``exchange``'s reply); ``None`` when the JSON body must be read
+        first (then call :meth:`open_reading_body`)."""
         session_id: str | None = scope.pop(RESOLVED_SCOPE_KEY, None)
         if session_id is None:
             headers = scope["headers"]
@@ -377,19 +374,20 @@ class SessionLayer:
             wants_body = self.routing.json_field and scope["type"] == "http"
             if session_id is None and wants_body and _is_json(headers):
                 return None
-        return self._start(scope, session_id)
+        return self._start(scope, session_id, exchange)
 
-    async def open_reading_body(self, scope: Scope, receive: Receive) -> tuple[RequestSession, Receive]:
+    async def open_reading_body(
+        self, scope: Scope, receive: Receive, exchange: Exchange | None = None
+    ) -> tuple[RequestSession, Receive]:
         """:meth:`open` for a session named by a JSON field: the body is read and replayed."""
         messages, body = await read_body(receive)
         field = self.routing.json_field
         session_id = json_field_value(body, field) if field else None
-        return self._start(scope, session_id), replaying(messages, receive)
+        return self._start(scope, session_id, exchange), replaying(messages, receive)
 
-    def _start(self, scope: Scope, session_id: str | None) -> RequestSession:
-        session = RequestSession(session_id, self, trace.get_current_span() if STATE.enabled else None)
-        scope["session"] = session
-        session.begin()
+    def _start(self, scope: Scope, session_id: str | None, exchange: Exchange | None) -> RequestSession:
+        span = trace.get_current_span() if STATE.enabled else None
+        session = scope["session"] = RequestSession(session_id, self, span, exchange)
         return session
 
     def reply_start(self, message: Message, session: RequestSession) -> Message:
@@ -439,13 +437,13 @@ class SessionMiddleware:
         if (kind != "http" and kind != "websocket") or scope["path"] in layer.excluded_paths:
             await self.app(scope, receive, send)
             return
-        session = layer.open(scope)
+        exchange: Exchange | None = None
+        if kind == "http":
+            exchange, send = Exchange.join(scope, send)
+        session = layer.open(scope, exchange)
         if session is None:
-            session, receive = await layer.open_reading_body(scope, receive)
+            session, receive = await layer.open_reading_body(scope, receive, exchange)
         try:
-            if kind == "http":
-                exchange, send = Exchange.join(scope, send)
-                session.reply_through(exchange)
             await self.app(scope, receive, send)
         finally:
             session.end()

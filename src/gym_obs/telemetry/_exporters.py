@@ -213,16 +213,17 @@ class SafeMetricExporter(MetricExporter):
 
 
 def otlp_span_exporter(target: OtlpTarget, timeout_s: float) -> SpanExporter:
-    """An OTLP span exporter (gRPC is imported only when chosen: it is a heavy import)."""
+    """An OTLP span exporter whose batches gym_obs's direct protobuf encoder writes (``_otlp_proto``: ~8x
+    cheaper than the SDK's encoder on the batch processor's thread). gRPC is imported only when chosen."""
     if target.protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
+        from gym_obs.telemetry._otlp_grpc import DirectOtlpGrpcSpanExporter
 
-        return GrpcSpanExporter(
+        return DirectOtlpGrpcSpanExporter(
             endpoint=target.endpoint, insecure=target.endpoint.startswith("http://"), timeout=timeout_s
         )
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
+    from gym_obs.telemetry._otlp_http import DirectOtlpHttpSpanExporter
 
-    return HttpSpanExporter(endpoint=target.endpoint, timeout=timeout_s)
+    return DirectOtlpHttpSpanExporter(endpoint=target.endpoint, timeout=timeout_s)
 
 
 def otlp_metric_exporter(target: OtlpTarget, timeout_s: float) -> MetricExporter:

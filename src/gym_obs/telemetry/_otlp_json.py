@@ -15,8 +15,8 @@ it to the official encoder's output. Any other failure raises, and the caller fa
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final, Generic, TypeVar
 
 import orjson
 from opentelemetry.attributes import BoundedAttributes
@@ -33,14 +33,28 @@ from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanKind
 
-__all__ = ["metrics_json_line", "spans_json_line"]
+__all__ = [
+    "KIND",
+    "FragmentCache",
+    "Unencodable",
+    "bounded_items",
+    "group_spans",
+    "metrics_json_line",
+    "plain_attributes",
+    "span_attributes",
+    "span_events",
+    "span_links",
+    "spans_json_line",
+]
 
 Json = dict[str, Any]
+_T = TypeVar("_T")
+_CACHED_STR_CHARS: Final = 256  # longer strings are hardly ever repeated: not worth a cache entry
 
 _I64_MIN: Final = -(2**63)
 _I64_MAX: Final = 2**63 - 1
 _INF: Final = float("inf")
-_KIND: Final = {
+KIND: Final = {
     SpanKind.INTERNAL: 1,
     SpanKind.SERVER: 2,
     SpanKind.CLIENT: 3,
@@ -52,8 +66,8 @@ _FLAGS_LOCAL: Final = 0x100
 _FLAGS_REMOTE: Final = 0x300
 
 
-class _Unencodable(ValueError):
-    """A value the OTLP encoders would refuse (its attribute is skipped)."""
+class Unencodable(ValueError):
+    """A value the official OTLP encoders would refuse (its attribute is skipped, as they skip it)."""
 
 
 def _double(value: float) -> float | str:
@@ -69,7 +83,7 @@ def _double(value: float) -> float | str:
 def _int64(value: int) -> str:
     if _I64_MIN <= value <= _I64_MAX:
         return str(value)
-    raise _Unencodable(f"{value} does not fit an int64")
+    raise Unencodable(f"{value} does not fit an int64")
 
 
 def _any_value(value: object) -> Json:
@@ -105,14 +119,14 @@ def _any_value_slow(value: object) -> Json:
     if isinstance(value, Mapping):
         pairs = [_key_value(str(key), item) for key, item in value.items()]
         return {"kvlistValue": {"values": pairs} if pairs else {}}
-    raise _Unencodable(f"invalid type {type(value).__name__}")
+    raise Unencodable(f"invalid type {type(value).__name__}")
 
 
 def _key_value(key: str, value: object) -> Json:
     return {"key": key, "value": _any_value(value)} if key else {"value": _any_value(value)}
 
 
-def _plain(attributes: object) -> Mapping[str, object] | None:
+def plain_attributes(attributes: object) -> Mapping[str, object] | None:
     """The SDK's ``BoundedAttributes`` keeps a plain dict: iterating it directly skips a Python-level
     ``__getitem__`` (and ``__iter__``) per attribute, which was the largest part of a span's cost. Anything
     else is used as it is."""
@@ -122,61 +136,59 @@ def _plain(attributes: object) -> Mapping[str, object] | None:
     return attributes if isinstance(attributes, Mapping) else None
 
 
-def _span_attributes(span: ReadableSpan) -> Mapping[str, object] | None:
+def span_attributes(span: ReadableSpan) -> Mapping[str, object] | None:
     """A span's attributes without the read-only proxy ``ReadableSpan.attributes`` wraps them in."""
     raw = getattr(span, "_attributes", None)
-    return _plain(raw) if raw is not None else _plain(span.attributes)
+    return plain_attributes(raw) if raw is not None else plain_attributes(span.attributes)
 
 
-class _PairCache:
-    """Encoded ``KeyValue`` dicts of the string and integer attributes seen before (``http.request.method``
-    = ``POST``, ``server.port`` = 8000, ...): most of a batch repeats the same few pairs, and one dict
-    lookup is cheaper than building two dicts. orjson writes a shared dict as often as it is referenced.
-    Bounded: cleared when full (unique values -- ids, URLs -- churn through it)."""
+class FragmentCache(Generic[_T]):
+    """Encoded ``KeyValue``s (``encode(key, value)``: a dict, JSON text, protobuf bytes) of the short string
+    and the integer attributes seen before (``http.request.method`` = ``POST``, ``server.port`` = 8000):
+    most spans repeat the same few pairs, and one dict lookup is cheaper than encoding again. Exact types
+    only (``True`` must not find the entry of ``1``). Bounded: cleared when full (unique values -- ids,
+    URLs -- churn through it); kept across batches (a race of two exporting threads costs at most a
+    repeated encoding). An attribute ``encode`` finds :class:`Unencodable` is skipped."""
 
-    __slots__ = ("_ints", "_max", "_strs")
+    __slots__ = ("_encode", "_items", "_max")
 
-    def __init__(self, max_entries: int = 4096) -> None:
-        self._strs: dict[tuple[str, str], Json] = {}
-        self._ints: dict[tuple[str, int], Json] = {}
+    def __init__(self, encode: Callable[[str, object], _T], max_entries: int = 4096) -> None:
+        self._encode = encode
+        self._items: dict[tuple[str, object], _T] = {}
         self._max = max_entries
 
-    def _store(self, cache: dict[Any, Json], pair: tuple[str, Any], encoded: Json) -> Json:
-        if len(cache) >= self._max:
-            cache.clear()
-        cache[pair] = item = {"key": pair[0], "value": encoded} if pair[0] else {"value": encoded}
-        return item
-
-    def encode(self, attributes: Mapping[str, object]) -> list[Json]:
-        out: list[Json] = []
-        strs, ints = self._strs, self._ints
+    def encode(self, attributes: Mapping[str, object]) -> list[_T]:
+        out: list[_T] = []
+        items, encode = self._items, self._encode
         for pair in attributes.items():
             value = pair[1]
-            kind = type(value)  # _any_value's fast path inlined: this loop is most of a span's cost
-            if kind is str:
-                item = strs.get(pair)  # type: ignore[arg-type]
+            kind = type(value)
+            if kind is str or kind is int:
+                item = items.get(pair)
                 if item is None:
-                    item = self._store(strs, pair, {"stringValue": value})
-            elif kind is int and _I64_MIN <= value <= _I64_MAX:  # type: ignore[operator]
-                item = ints.get(pair)  # type: ignore[arg-type]
-                if item is None:
-                    item = self._store(ints, pair, {"intValue": str(value)})
+                    try:
+                        item = encode(pair[0], value)
+                    except Unencodable:
+                        continue
+                    if kind is int or len(value) <= _CACHED_STR_CHARS:  # type: ignore[arg-type]
+                        if len(items) >= self._max:
+                            items.clear()
+                        items[pair] = item
             else:
                 try:
-                    encoded = _any_value(value)
-                except _Unencodable:
+                    item = encode(pair[0], value)
+                except Unencodable:
                     continue
-                item = {"key": pair[0], "value": encoded} if pair[0] else {"value": encoded}
             out.append(item)
         return out
 
 
-def _attributes(attributes: Mapping[str, object] | None, pairs: _PairCache | None = None) -> list[Json]:
+def _attributes(attributes: object, pairs: FragmentCache[Json] | None = None) -> list[Json]:
     """``KeyValue`` list; an attribute the OTLP encoders would reject is skipped, as they skip it."""
-    attributes = _plain(attributes)
-    if not attributes:
+    plain = plain_attributes(attributes)
+    if not plain:
         return []
-    return (pairs or _PairCache()).encode(attributes)
+    return (pairs or FragmentCache(_key_value)).encode(plain)
 
 
 def _resource(resource: Resource) -> Json:
@@ -212,7 +224,7 @@ def _status(span: ReadableSpan) -> Json:
     return out
 
 
-def _events(events: Sequence[Event], pairs: _PairCache) -> list[Json]:
+def _events(events: Sequence[Event], pairs: FragmentCache[Json]) -> list[Json]:
     out: list[Json] = []
     for event in events:
         item: Json = {}
@@ -229,7 +241,7 @@ def _events(events: Sequence[Event], pairs: _PairCache) -> list[Json]:
     return out
 
 
-def _links(links: Sequence[Link], pairs: _PairCache) -> list[Json]:
+def _links(links: Sequence[Link], pairs: FragmentCache[Json]) -> list[Json]:
     out: list[Json] = []
     for link in links:
         context = link.context
@@ -244,96 +256,138 @@ def _links(links: Sequence[Link], pairs: _PairCache) -> list[Json]:
     return out
 
 
-def _bounded(raw: object, public: Sequence[Any], dropped: int) -> tuple[Sequence[Any], int]:
-    """A span's events or links and their dropped count, read from the SDK's ``BoundedList`` itself: the
-    public properties copy the list under a lock on every access."""
+def span_events(span: ReadableSpan) -> tuple[Sequence[Event], int]:
+    """A span's events and their dropped count (see :func:`bounded_items`)."""
+    return bounded_items(getattr(span, "_events", None), lambda: (span.events, span.dropped_events))
+
+
+def span_links(span: ReadableSpan) -> tuple[Sequence[Link], int]:
+    """A span's links and their dropped count (see :func:`bounded_items`)."""
+    return bounded_items(getattr(span, "_links", None), lambda: (span.links, span.dropped_links))
+
+
+def bounded_items(
+    raw: object, public: Callable[[], tuple[Sequence[Any], int]]
+) -> tuple[Sequence[Any], int]:
+    """A span's events or links and their dropped count, read from the SDK's ``BoundedList`` itself (or
+    the plain sequence a hand-built span holds): the public properties copy the list under a lock on
+    every access, so ``public`` is called only for anything else."""
     if isinstance(raw, BoundedList):
         items = getattr(raw, "_dq", None)  # its deque; absent in another SDK version: the public copy
         if items is not None:
             return items, raw.dropped
-    return public, dropped
+    elif isinstance(raw, tuple | list):
+        return raw, 0
+    return public()
 
 
-def _span(span: ReadableSpan, pairs: _PairCache) -> Json:
-    context = span.context
-    assert context is not None  # a finished SDK span always has one
-    out: Json = {"traceId": format(context.trace_id, "032x"), "spanId": format(context.span_id, "016x")}
-    trace_state = context.trace_state
-    if trace_state:
-        out["traceState"] = ",".join(f"{key}={value}" for key, value in trace_state.items())
-    parent = span.parent
-    if parent is not None:
-        out["parentSpanId"] = format(parent.span_id, "016x")
-    if span.name:
-        out["name"] = span.name
-    out["kind"] = _KIND[span.kind]
-    if span.start_time:
-        out["startTimeUnixNano"] = str(span.start_time)
-    if span.end_time:
-        out["endTimeUnixNano"] = str(span.end_time)
-    raw_attributes = getattr(span, "_attributes", None)
-    attributes = _attributes(_span_attributes(span), pairs)
-    if attributes:
-        out["attributes"] = attributes
-    dropped = raw_attributes.dropped if isinstance(raw_attributes, BoundedAttributes) else 0
-    if dropped:
-        out["droppedAttributesCount"] = dropped
-    raw = getattr(span, "_events", None)
-    events, dropped = _bounded(
-        raw, raw if isinstance(raw, tuple | list) else span.events, span.dropped_events
-    )
-    if events:
-        out["events"] = _events(events, pairs)
-    if dropped:
-        out["droppedEventsCount"] = dropped
-    raw = getattr(span, "_links", None)
-    links, dropped = _bounded(raw, raw if isinstance(raw, tuple | list) else span.links, span.dropped_links)
-    if links:
-        out["links"] = _links(links, pairs)
-    if dropped:
-        out["droppedLinksCount"] = dropped
-    out["status"] = _status(span)
-    out["flags"] = _FLAGS_REMOTE if parent is not None and parent.is_remote else _FLAGS_LOCAL
-    return out
+SpanGroups = dict[Resource, dict[InstrumentationScope | None, list[_T]]]
 
 
-_Groups = dict[Resource, dict[InstrumentationScope | None, list[Json]]]
-
-
-def _group_by_resource(spans: Sequence[ReadableSpan]) -> _Groups:
-    """Resource -> scope -> encoded spans, in first-seen order. Grouped by identity first: hashing a
-    ``Resource`` serialises its attributes (and a scope's hash is Python code), so equal objects are
-    merged once per distinct object, not once per span."""
-    pairs = _PairCache()
-    by_id: dict[tuple[int, int], tuple[Resource, InstrumentationScope | None, list[Json]]] = {}
+def group_spans(spans: Sequence[ReadableSpan], encode: Callable[[ReadableSpan], _T]) -> SpanGroups[_T]:
+    """Resource -> scope -> encoded spans, in first-seen order, as the official encoder groups them.
+    Grouped by identity first: hashing a ``Resource`` serialises its attributes (and a scope's hash is
+    Python code), so equal objects are merged once per distinct object, not once per span."""
+    by_id: dict[tuple[int, int], tuple[Resource, InstrumentationScope | None, list[_T]]] = {}
     for span in spans:
         resource, scope = span.resource, span.instrumentation_scope
         entry = by_id.get((id(resource), id(scope)))
         if entry is None:
             entry = by_id[(id(resource), id(scope))] = (resource, scope, [])
-        entry[2].append(_span(span, pairs))
-    merged: _Groups = {}
+        entry[2].append(encode(span))
+    merged: SpanGroups[_T] = {}
     for resource, scope, encoded in by_id.values():
         merged.setdefault(resource, {}).setdefault(scope, []).extend(encoded)
     return merged
 
 
+def _text(value: object) -> str:
+    """A JSON value as text (orjson: a string that is not UTF-8 raises, and the caller falls back)."""
+    return orjson.dumps(value).decode()
+
+
+class _SpanWriter:
+    """Writes each span's JSON object as text from cached fragments, instead of building a tree of dicts
+    for one ``orjson.dumps``: a batch's dicts all live until the dump, and the garbage collector walked
+    them again and again (in a saturated server that was most of the file sink's cost). The fragments are
+    what ``orjson.dumps`` writes for the same dicts."""
+
+    __slots__ = ("_names", "_pairs", "_tree_pairs")
+
+    def __init__(self) -> None:
+        self._pairs = FragmentCache(lambda key, value: _text(_key_value(key, value)))
+        self._names: dict[str, str] = {}
+        self._tree_pairs = FragmentCache(_key_value)  # for events and links (few): dicts, dumped per span
+
+    def _name(self, name: str) -> str:
+        text = self._names.get(name)
+        if text is None:
+            if len(self._names) >= 1024:
+                self._names.clear()
+            text = self._names[name] = _text(name)
+        return text
+
+    def span(self, span: ReadableSpan) -> str:
+        context = span.context
+        assert context is not None  # a finished SDK span always has one
+        out = [f'{{"traceId":"{context.trace_id:032x}","spanId":"{context.span_id:016x}"']
+        trace_state = context.trace_state
+        if trace_state:
+            state = ",".join(f"{key}={value}" for key, value in trace_state.items())
+            out.append(',"traceState":' + _text(state))
+        parent = span.parent
+        if parent is not None:
+            out.append(f',"parentSpanId":"{parent.span_id:016x}"')
+        if span.name:
+            out.append(',"name":' + self._name(span.name))
+        out.append(f',"kind":{KIND[span.kind]}')
+        if span.start_time:
+            out.append(f',"startTimeUnixNano":"{span.start_time}"')
+        if span.end_time:
+            out.append(f',"endTimeUnixNano":"{span.end_time}"')
+        attributes = span_attributes(span)
+        encoded = ",".join(self._pairs.encode(attributes)) if attributes else ""
+        if encoded:
+            out.append(',"attributes":[' + encoded + "]")
+        raw_attributes = getattr(span, "_attributes", None)
+        dropped = raw_attributes.dropped if isinstance(raw_attributes, BoundedAttributes) else 0
+        if dropped:
+            out.append(f',"droppedAttributesCount":{dropped}')
+        events, dropped = span_events(span)
+        if events:
+            out.append(',"events":' + _text(_events(events, self._tree_pairs)))
+        if dropped:
+            out.append(f',"droppedEventsCount":{dropped}')
+        links, dropped = span_links(span)
+        if links:
+            out.append(',"links":' + _text(_links(links, self._tree_pairs)))
+        if dropped:
+            out.append(f',"droppedLinksCount":{dropped}')
+        status = span.status
+        if status.description or status.status_code.value:
+            out.append(',"status":' + _text(_status(span)))
+        else:
+            out.append(',"status":{}')
+        out.append(f',"flags":{_FLAGS_REMOTE if parent is not None and parent.is_remote else _FLAGS_LOCAL}}}')
+        return "".join(out)
+
+
 def spans_json_line(spans: Sequence[ReadableSpan]) -> bytes:
     """One ``ExportTraceServiceRequest`` as an OTLP/JSON line (newline included)."""
-    resource_spans: list[Json] = []
-    for resource, scopes in _group_by_resource(spans).items():
-        scope_spans: list[Json] = []
+    resource_spans: list[str] = []
+    for resource, scopes in group_spans(spans, _SpanWriter().span).items():
+        scope_spans: list[str] = []
         for scope, encoded in scopes.items():
-            item: Json = {"scope": _scope(scope), "spans": encoded}
-            if scope is not None and scope.schema_url:
-                item["schemaUrl"] = scope.schema_url
-            scope_spans.append(item)
-        entry: Json = {"resource": _resource(resource), "scopeSpans": scope_spans}
-        if resource.schema_url:
-            entry["schemaUrl"] = resource.schema_url
-        resource_spans.append(entry)
-    doc: Json = {"resourceSpans": resource_spans} if resource_spans else {}
-    return orjson.dumps(doc) + b"\n"
+            url = scope.schema_url if scope is not None else ""
+            schema = f',"schemaUrl":{_text(url)}' if url else ""
+            scope_spans.append(f'{{"scope":{_text(_scope(scope))},"spans":[{",".join(encoded)}]{schema}}}')
+        schema = f',"schemaUrl":{_text(resource.schema_url)}' if resource.schema_url else ""
+        resource_spans.append(
+            f'{{"resource":{_text(_resource(resource))},"scopeSpans":[{",".join(scope_spans)}]{schema}}}'
+        )
+    if not resource_spans:
+        return b"{}\n"
+    return f'{{"resourceSpans":[{",".join(resource_spans)}]}}\n'.encode()
 
 
 # -- metrics -------------------------------------------------------------------------------------------------
