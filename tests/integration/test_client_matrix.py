@@ -21,6 +21,7 @@ from opentelemetry.trace import StatusCode
 from gym_obs.client.http_client import (
     GlobalAIOHTTPAsyncClientConfig,
     RetriesExhaustedError,
+    TransportFailure,
     close_global_aiohttp_client,
     request,
     set_global_aiohttp_client,
@@ -233,19 +234,29 @@ async def test_caller_cancellation_is_not_an_error(
 async def test_cancellation_during_backoff_ends_the_span_without_error(
     raw_server: ServerFactory, capture: Capture | None, internal: bool, method: str
 ) -> None:
+    # The backoff has full jitter (uniform in [0, 30 s] here), so a wall-clock wait cannot know that the
+    # loop is still sleeping: a draw under the wait sends a second request first. The hook runs right
+    # before the backoff sleep (nothing is awaited between the two), so a cancellation requested there is
+    # delivered by that sleep, whatever was drawn.
+    backoffs: list[float] = []
+
+    def cancel_in_backoff(failure: TransportFailure) -> None:
+        assert failure.will_retry
+        backoffs.append(failure.backoff_s)
+        task.cancel()
+
     set_global_aiohttp_client(GlobalAIOHTTPAsyncClientConfig(
         global_aiohttp_retry_backoff_base_seconds=30.0, global_aiohttp_retry_backoff_cap_seconds=30.0))
     try:
         server = await raw_server(lambda _i: DROP)
         task = asyncio.create_task(request(method, f"{server.url}/v1/run", _internal=internal,
+                                           _on_transport_failure=cancel_in_backoff,
                                            **_kwargs(method, {"X-Caller": "1"})))
-        await asyncio.wait_for(server.wait_for_requests(1), 5)
-        await asyncio.sleep(0.2)  # now sleeping in a (long) backoff
-        task.cancel()
         with pytest.raises(asyncio.CancelledError):
-            await task
+            await asyncio.wait_for(task, 10)
     finally:
         await close_global_aiohttp_client()
+    assert len(backoffs) == 1 and backoffs[0] > 0  # cancelled in the first backoff
     assert len(server.requests) == 1
     if capture is None:
         return

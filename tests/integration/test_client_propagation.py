@@ -11,6 +11,7 @@ import pytest
 from aiohttp import web
 from opentelemetry.trace import SpanKind, StatusCode
 
+from gym_obs.client import ServerClient
 from gym_obs.client.http_client import (
     GlobalAIOHTTPAsyncClientConfig,
     close_global_aiohttp_client,
@@ -18,6 +19,7 @@ from gym_obs.client.http_client import (
     request,
     set_global_aiohttp_client,
 )
+from gym_obs.config import GlobalConfig
 from gym_obs.telemetry import names
 from gym_obs.telemetry.propagation import rollout_context
 from gym_obs.telemetry.testing import Capture, telemetry_state
@@ -35,6 +37,7 @@ class Seen:
     headers: list[dict[str, str]] = field(default_factory=list)
     bodies: list[bytes] = field(default_factory=list)
     queries: list[str] = field(default_factory=list)
+    raw: list[list[tuple[str, str]]] = field(default_factory=list)  # every field as sent, repeats too
 
 
 @pytest.fixture
@@ -45,6 +48,7 @@ async def web_server() -> AsyncIterator[tuple[str, int, Seen]]:
         seen.headers.append({k.lower(): v for k, v in req.headers.items()})
         seen.bodies.append(await req.read())
         seen.queries.append(req.query_string)
+        seen.raw.append([(k.decode().lower(), v.decode()) for k, v in req.raw_headers])
         status = int(req.query.get("status", "200"))
         return web.json_response({"ok": True}, status=status)
 
@@ -84,6 +88,42 @@ async def test_internal_calls_carry_this_spans_traceparent_in_a_copy_of_the_head
     assert attrs[names.ATTR_SERVER_NAME] == "policy_model"
     assert seen.headers[0]["x-caller"] == "1"
     assert seen.headers[0]["content-type"] == "application/json"
+    assert orjson.loads(seen.bodies[0]) == {"q": 1}
+
+
+@pytest.fixture(params=[True, False], ids=["telemetry_on", "telemetry_off"])
+def maybe_telemetry(request: pytest.FixtureRequest) -> Capture | None:
+    if request.param:
+        return request.getfixturevalue("telemetry")  # type: ignore[no-any-return]
+    assert not STATE.enabled
+    return None
+
+
+async def test_server_client_sends_the_rollout_id_once_and_never_changes_the_callers_headers(
+    web_server: tuple[str, int, Seen], maybe_telemetry: Capture | None
+) -> None:
+    _base, port, seen = web_server
+    config = GlobalConfig.model_validate({"servers": {"model": {
+        "entrypoint": "tests.integration.server_apps:DemoModelServer", "server_type": "responses_api_models",
+        "port": port,
+    }}})
+    client = ServerClient(config)
+    caller = {"X-Caller": "1"}
+    with rollout_context("rollout-7"):
+        # a model call (a dialect route on a model server), released on a temporary: nothing left to do
+        (await client.post("model", "v1/responses", json={"q": 1}, headers=caller)).release()
+        (await client.get("model", "/v1/models", headers={"x-ng-rollout-id": "mine"})).release()
+    (await client.request("model", "/v1/x", "PUT", headers=caller)).release()  # outside any rollout
+    assert caller == {"X-Caller": "1"}
+
+    def fields(index: int, name: str) -> list[str]:
+        return [value for key, value in seen.raw[index] if key == name]
+
+    assert fields(0, "x-ng-rollout-id") == ["rollout-7"] and fields(0, "x-caller") == ["1"]
+    assert fields(1, "x-ng-rollout-id") == ["mine"]  # the caller's own value wins, in any case
+    assert fields(2, "x-ng-rollout-id") == [] and fields(2, "x-caller") == ["1"]
+    for index in range(3):
+        assert len(fields(index, "traceparent")) == (maybe_telemetry is not None)
     assert orjson.loads(seen.bodies[0]) == {"q": 1}
 
 

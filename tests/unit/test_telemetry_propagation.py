@@ -3,17 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from opentelemetry import baggage, propagate, trace
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
+from opentelemetry.context import Context
+from opentelemetry.propagators.composite import CompositePropagator
+from opentelemetry.propagators.textmap import TextMapPropagator
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from gym_obs.telemetry import names
 from gym_obs.telemetry.propagation import (
     ParsedPath,
     apply_rollout_prefix,
     current_rollout_id,
+    format_traceparent,
     inject_trace_headers,
     parse_path_segments,
     parse_propagation_targets,
@@ -28,6 +37,7 @@ from gym_obs.telemetry.testing import Capture, telemetry_state
 STATE = telemetry_state()
 
 TP = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+TRACEPARENT_RE = re.compile(names.TRACEPARENT_PATTERN)
 
 
 @pytest.fixture
@@ -162,6 +172,90 @@ def test_inject_trace_headers(telemetry: Capture) -> None:
         inject_trace_headers(headers)
         trace_id, span_id = current_ids()
     assert headers[names.TRACEPARENT_HEADER].startswith(f"00-{trace_id}-{span_id}-")
+
+
+@given(st.integers(0, 2**128 - 1), st.integers(0, 2**64 - 1), st.integers(0, 255))
+def test_format_traceparent_is_the_w3c_format(trace_id: int, span_id: int, flags: int) -> None:
+    assert format_traceparent(trace_id, span_id, flags) == f"00-{trace_id:032x}-{span_id:016x}-{flags:02x}"
+
+
+def test_format_traceparent_formats_ids_out_of_range_as_they_come() -> None:
+    assert format_traceparent(2**128, -1, 256) == f"00-{2**128:032x}-{-1:016x}-{256:02x}"
+
+
+@pytest.fixture
+def global_textmap() -> Iterator[None]:
+    saved = propagate.get_global_textmap()
+    yield
+    propagate.set_global_textmap(saved)
+
+
+def _injected(context: Context) -> tuple[dict[str, str], dict[str, str]]:
+    """(gym_obs' headers, the global propagator's) for the same context."""
+    ours: dict[str, str] = {}
+    theirs: dict[str, str] = {}
+    inject_trace_headers(ours, context)
+    propagate.inject(theirs, context)
+    return ours, theirs
+
+
+@pytest.mark.parametrize(
+    "textmap",
+    [
+        CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator()]),  # the default
+        CompositePropagator([TraceContextTextMapPropagator()]),
+        TraceContextTextMapPropagator(),
+        CompositePropagator([W3CBaggagePropagator()]),  # baggage only: no traceparent at all
+        CompositePropagator([]),
+    ],
+    ids=["default", "tracecontext", "tracecontext_bare", "baggage_only", "none"],
+)
+def test_inject_trace_headers_writes_what_the_global_propagator_writes(
+    telemetry: Capture, global_textmap: None, textmap: TextMapPropagator
+) -> None:
+    """The W3C default is formatted directly (it runs on every hop): the same bytes as the propagator's,
+    with a trace state and with baggage too; other propagators inject themselves."""
+    propagate.set_global_textmap(textmap)
+    traced = names.TRACEPARENT_HEADER in textmap.fields
+    with client_span("GET") as span:
+        context = trace.set_span_in_context(span)
+        ours, theirs = _injected(context)
+        assert ours == theirs
+        assert (names.TRACEPARENT_HEADER in ours) == traced
+        stated = trace.NonRecordingSpan(
+            trace.SpanContext(
+                span.get_span_context().trace_id, 0xB7AD6B7169203331, is_remote=False,
+                trace_flags=trace.TraceFlags(1), trace_state=trace.TraceState([("vendor", "v1"), ("x", "2")]),
+            )
+        )
+        ours, theirs = _injected(trace.set_span_in_context(stated))
+        assert ours == theirs
+        assert (ours.get("tracestate") == "vendor=v1,x=2") == traced
+        ours, theirs = _injected(baggage.set_baggage("user", "a b", context))
+        assert ours == theirs
+    ours, theirs = _injected(trace.set_span_in_context(trace.INVALID_SPAN))
+    assert ours == theirs == {}
+
+
+def test_inject_trace_headers_defers_to_any_other_propagator(
+    telemetry: Capture, global_textmap: None
+) -> None:
+    class Custom(TextMapPropagator):
+        def extract(self, carrier: Any, context: Context | None = None, getter: Any = None) -> Context:
+            return context or Context()
+
+        def inject(self, carrier: Any, context: Context | None = None, setter: Any = None) -> None:
+            carrier["x-custom"] = "1"
+
+        @property
+        def fields(self) -> set[str]:
+            return {"x-custom"}
+
+    propagate.set_global_textmap(CompositePropagator([TraceContextTextMapPropagator(), Custom()]))
+    with client_span("GET"):
+        headers: dict[str, str] = {}
+        inject_trace_headers(headers)
+    assert headers["x-custom"] == "1" and TRACEPARENT_RE.fullmatch(headers[names.TRACEPARENT_HEADER])
 
 
 def test_inject_trace_headers_is_a_no_op_when_off() -> None:

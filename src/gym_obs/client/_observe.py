@@ -28,7 +28,7 @@ from gym_obs.telemetry import names
 from gym_obs.telemetry._state import STATE
 from gym_obs.telemetry.bodies import bounded_excerpt
 from gym_obs.telemetry.metrics import AttributeCache, Instruments
-from gym_obs.telemetry.propagation import current_rollout_id, inject_trace_headers, should_propagate
+from gym_obs.telemetry.propagation import ROLLOUT_ID, inject_trace_headers, should_propagate
 from gym_obs.telemetry.redaction import redact_url
 from gym_obs.telemetry.spans import record_exception, set_span_error
 
@@ -144,7 +144,7 @@ class RequestObserver:
     """
 
     __slots__ = (
-        "attempts", "dest", "destination", "instruments", "label", "method", "model_call", "name",
+        "attempts", "dest", "instruments", "internal", "label", "method", "model_call", "name",
         "rollout_id", "server", "span", "start_ns", "text", "token", "tracer",
     )
 
@@ -163,7 +163,7 @@ class RequestObserver:
         upper = method if method in KNOWN_METHODS else method.upper()
         self.label = upper if upper in KNOWN_METHODS else _OTHER_METHOD  # canonical
         self.server = options.server_name or names.EXTERNAL_SERVER_NAME
-        self.destination = names.DESTINATION_INTERNAL if options.internal else names.DESTINATION_EXTERNAL
+        self.internal = options.internal
         self.instruments: Instruments | None = STATE.instruments
         self.attempts = 0  # attempts started so far (the attempt loop keeps it current)
         tracer = STATE.tracer
@@ -178,7 +178,7 @@ class RequestObserver:
         if self.tracer is not None:
             base = self.label if self.label != _OTHER_METHOD else "HTTP"
             self.name = f"{base} {options.route}" if options.route else base
-            self.rollout_id = current_rollout_id()
+            self.rollout_id = ROLLOUT_ID.get()
             self.start_ns = _time_ns()
         # A model call (one suffix check for any other request): its span outlives request() (model_calls).
         at = self.dest
@@ -190,10 +190,9 @@ class RequestObserver:
         """Inject trace context where it may go (gym servers and the allow-list) and label the pool-wait
         trace with the gym server name."""
         if options.internal or self.dest.may_propagate(self.text):
-            if self.tracer is not None:
-                self.open()  # the traceparent must name this request's span
             headers = _copy_headers(kwargs.get("headers"))
-            inject_trace_headers(headers)
+            # The traceparent must name this request's span (without one: the current span, if any).
+            inject_trace_headers(headers, self._open() if self.tracer is not None else None)
             kwargs["headers"] = headers
         if "trace_request_ctx" not in kwargs:
             kwargs["trace_request_ctx"] = self.server
@@ -231,7 +230,8 @@ class RequestObserver:
                 _POINT_ATTRS.get(self.label, dest.address, self.server, dest.port, None, error_type),
             )
             if isinstance(err, TimeoutError):  # aiohttp's connect/read timeouts (asyncio.TimeoutError)
-                inst.client_timeouts.add(1, _TIMEOUT_ATTRS.get(self.destination, self.server))
+                destination = names.DESTINATION_INTERNAL if self.internal else names.DESTINATION_EXTERNAL
+                inst.client_timeouts.add(1, _TIMEOUT_ATTRS.get(destination, self.server))
         if self.tracer is None:
             return
         span = self.open()
@@ -270,12 +270,24 @@ class RequestObserver:
         """Start the span (with the request's start time) and make it current; idempotent. Only called
         while tracing (``tracer`` set)."""
         if self.token is None:
-            assert self.tracer is not None
-            self.span = self.tracer.start_span(
-                self.name, kind=SpanKind.CLIENT, attributes=self._attributes(), start_time=self.start_ns
-            )
-            self.token = otel_context.attach(trace.set_span_in_context(self.span))
+            self._open()
         return self.span
+
+    def _open(self) -> otel_context.Context:
+        """Start the span and make it current; return the context it is current in. The current context is
+        read once and given to the SDK (parent, sampler, the span's context), which would read it thrice."""
+        assert self.tracer is not None and self.token is None
+        parent = otel_context.get_current()
+        span = self.span = self.tracer.start_span(
+            self.name,
+            context=parent,
+            kind=SpanKind.CLIENT,
+            attributes=self._attributes(),
+            start_time=self.start_ns,
+        )
+        context = trace.set_span_in_context(span, parent)
+        self.token = otel_context.attach(context)
+        return context
 
     def end_ok(self, status: int) -> None:
         """The request got a reply: its status; 4xx/5xx make the span an error."""

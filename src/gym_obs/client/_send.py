@@ -155,31 +155,15 @@ async def send(
 ) -> aiohttp.ClientResponse:
     """Run attempts until one returns a response or the retry policy says stop.
 
-    The request's arrival number is fixed here, once: a limited pool serves queued requests in that
-    order, retries included.
+    Attempt 1 costs what a bare aiohttp call costs, in one coroutine (every frame between the caller and
+    aiohttp is passed through again each time the request resumes): the policy, the retry bookkeeping
+    and the redacted destination are built only after a failure (:class:`_Retrying`). The request's
+    arrival number is fixed here, once: a limited pool serves queued requests in that order, retries
+    included.
     """
     token = ARRIVAL.set(next_arrival())
     # While telemetry is on, the connections this request opens are counted under its destination.
     label = None if observer is None else CONNECT_LABEL.set(options.server_name or names.EXTERNAL_SERVER_NAME)
-    try:
-        return await _attempts(pool, method, url, kwargs, options, observer)
-    finally:
-        ARRIVAL.reset(token)
-        if label is not None:
-            CONNECT_LABEL.reset(label)
-        inflight.hop_done()  # the in-flight rollout table: this rollout's hop ended
-
-
-async def _attempts(
-    pool: Pool,
-    method: str,
-    url: Any,
-    kwargs: dict[str, Any],
-    options: RequestOptions,
-    observer: AttemptObserver | None,
-) -> aiohttp.ClientResponse:
-    """Attempt 1 costs what a bare aiohttp call costs: the policy, the retry bookkeeping and the redacted
-    destination are built only after a failure."""
     # aiohttp's UploadTracker: to honour ``_resend_after_disconnect=False``, or to report
     # ``gym.http.body_uploaded`` precisely for a request with a body while telemetry is on.
     track_upload = _UploadTracker is not None and (
@@ -190,54 +174,87 @@ async def _attempts(
     kwargs["allow_redirects"] = False
     start = _perf_counter()
     attempt = 0
-    retry: RetryTracker | None = None
-    policy: Policy | None = None
+    retrying: _Retrying | None = None
     tracker: Any = None
-    while True:
-        attempt += 1
-        # Per attempt, before it is sent: the one place that tells anyone about attempt ``attempt``.
-        inflight.hop_attempt(url, attempt)  # the in-flight rollout table (a flag check when off)
-        if observer is None:
-            session = pool.plain
-        else:
-            observer.attempts = attempt
-            session = pool.for_attempt()
-        if track_upload:
-            tracker = kwargs["upload_tracker"] = _UploadTracker()
-        t0 = _perf_counter() if observer is not None else start
-        try:
-            response = await session.request(method, url, **kwargs)
-            if options.allow_redirects and response.status in REDIRECT_STATUSES:
-                response = await follow_redirects(
-                    session, method, url, kwargs, response, options.max_redirects
-                )
-            if options.read_body and response.status < 400:
-                try:
-                    await response.read()
-                except BaseException:
-                    response.close()
-                    raise
-        except Exception as exc:
-            err: Exception = response_head_error(exc, method, url) if is_response_head_error(exc) else exc
-        else:
-            if observer is not None:
-                observer.attempt_ok(response, t0)
-            if retry is not None:
-                retry.attempts = attempt
-                _log_end(retry, "recovered", _perf_counter() - start)
-            return response
+    try:
+        while True:
+            attempt += 1
+            # Per attempt, before it is sent: the one place that tells anyone about attempt ``attempt``.
+            if inflight.TRACKING.enabled:  # the in-flight rollout table
+                inflight.hop_attempt(url, attempt)
+            if observer is None:
+                session = pool.plain
+            else:
+                observer.attempts = attempt
+                session = pool.for_attempt()
+            if track_upload:
+                tracker = kwargs["upload_tracker"] = _UploadTracker()
+            t0 = _perf_counter() if observer is not None else start
+            try:
+                response = await session.request(method, url, **kwargs)
+                if options.allow_redirects and response.status in REDIRECT_STATUSES:
+                    response = await follow_redirects(
+                        session, method, url, kwargs, response, options.max_redirects
+                    )
+                if options.read_body and response.status < 400:
+                    try:
+                        await response.read()
+                    except BaseException:
+                        response.close()
+                        raise
+            except Exception as exc:
+                err: Exception = response_head_error(exc, method, url) if is_response_head_error(exc) else exc
+            else:
+                if observer is not None:
+                    observer.attempt_ok(response, t0)
+                if retrying is not None:
+                    retrying.recovered(attempt, start)
+                return response
+            if retrying is None:
+                retrying = _Retrying(method, url, options, observer)
+            backoff_s = await retrying.after_failure(err, attempt, t0, start, tracker)  # or raises
+            del err
+            await asyncio.sleep(backoff_s)
+    finally:
+        ARRIVAL.reset(token)
+        if label is not None:
+            CONNECT_LABEL.reset(label)
+        if inflight.TRACKING.enabled:
+            inflight.hop_done()  # the in-flight rollout table: this rollout's hop ended
 
-        if retry is None or policy is None:
-            retry = RetryTracker(method, redact_url(str(url)))
-            policy = Policy.from_options(options, current_config())
+
+class _Retrying:
+    """A request's retry state, made at its first failed attempt: the policy, the bookkeeping and the
+    decisions, logs, telemetry and hook calls that follow a failure."""
+
+    __slots__ = ("observer", "options", "policy", "retry")
+
+    def __init__(
+        self, method: str, url: Any, options: RequestOptions, observer: AttemptObserver | None
+    ) -> None:
+        self.retry = RetryTracker(method, redact_url(str(url)))
+        self.policy = Policy.from_options(options, current_config())
+        self.options = options
+        self.observer = observer
+
+    def recovered(self, attempt: int, start: float) -> None:
+        self.retry.attempts = attempt
+        _log_end(self.retry, "recovered", _perf_counter() - start)
+
+    async def after_failure(
+        self, err: Exception, attempt: int, t0: float, start: float, tracker: Any
+    ) -> float:
+        """Decide on attempt ``attempt``'s failure: return the backoff before the next attempt, or raise
+        (the error itself, or ``RetriesExhaustedError`` chained to it when a limit ended the retries)."""
+        retry, observer = self.retry, self.observer
         retry.attempts = attempt
         failure = classify_failure(err)
         uploaded = await _body_uploaded(failure, tracker)
         elapsed = _perf_counter() - start
-        decision = retry.decide(failure, uploaded, elapsed, policy)
+        decision = retry.decide(failure, uploaded, elapsed, self.policy)
         if observer is not None:
             observer.attempt_failed(err, t0, attempt, failure, decision.backoff_s, uploaded)
-        hook = options.on_transport_failure
+        hook = self.options.on_transport_failure
         if hook is not None and failure is not None:
             reported = _transport_failure(err, attempt, failure, uploaded, decision, elapsed, retry)
             await _call_hook(hook, reported)
@@ -252,8 +269,7 @@ async def _attempts(
         _log_retry(retry, err, failure.reason, decision.backoff_s, elapsed)
         if observer is not None:
             observer.retried(failure.reason)
-        del err
-        await asyncio.sleep(decision.backoff_s)
+        return decision.backoff_s
 
 
 def _transport_failure(

@@ -530,7 +530,15 @@ class _Hook:
 
     def __call__(self) -> Any:
         response = self.ref()
-        assert response is not None  # it is calling us
+        if response is None:
+            # ``(await request(...)).release()``: the response was a temporary, freed when its method was
+            # looked up. aiohttp's ``__del__`` gave its connection back and the finalizer let the call go;
+            # releasing or closing it now has nothing left to do.
+            try:
+                self.call.let_go()
+            except Exception:  # pragma: no cover - let_go guards itself
+                _internal_failure()
+            return None
         result = getattr(type(response), self.name)(response)
         try:
             self.call.let_go()

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from typing import Any, Final, Literal
 
 import aiohttp
+from multidict import CIMultiDict
 
 from gym_obs.client._request import request
 from gym_obs.client._sessions import default_server_client, get_global_aiohttp_control_client
@@ -39,7 +40,7 @@ from gym_obs.config import (
     parse_global_config,
 )
 from gym_obs.telemetry import names
-from gym_obs.telemetry.propagation import apply_rollout_prefix, current_rollout_id
+from gym_obs.telemetry.propagation import ROLLOUT_ID, apply_rollout_prefix, current_rollout_id
 
 __all__ = [
     "HeadServerUnavailableError",
@@ -161,6 +162,14 @@ class ServerClient:
         self.head_server_config = head_server_config or global_config.head_server
         self._base_urls: dict[str, str] = {}
         self._model_targets: dict[str, ModelCallTarget] = {}
+        # A subprocess agent's parent-given model server (see base_url): read once, here. A process's
+        # environment is given when it starts; reading it per request cost every hop an os.environ look-up.
+        env_name = os.environ.get(names.ENV_MODEL_SERVER_NAME)
+        self._env_server: tuple[str, str] | None = None
+        if env_name is not None:
+            env_url = model_server_url_from_env(env_name)
+            if env_url is not None:
+                self._env_server = (env_name, env_url)
 
     @classmethod
     def load_from_global_config(cls, head_server_config: HeadServerConfig | None = None) -> ServerClient:
@@ -187,18 +196,24 @@ class ServerClient:
         In a subprocess agent whose parent named this server in ``GYM_OBS_MODEL_SERVER_NAME``, the
         parent's ``GYM_OBS_MODEL_SERVER_BASE_URL`` wins (as in :func:`get_server_url`): the config's address
         may not be reachable from the child, and the parent's URL carries its rollout and trace segments.
+        Both variables are read when the client is made.
         """
-        env_url = model_server_url_from_env(server_name)
-        if env_url is not None:
-            return env_url
         url = self._base_urls.get(server_name)
         if url is None:
-            server = self.server_config(server_name)
-            url = self._base_urls[server_name] = server_base_url(server.host, server.port)
+            env = self._env_server
+            if env is not None and env[0] == server_name:
+                url = env[1]
+            else:
+                server = self.server_config(server_name)
+                url = server_base_url(server.host, server.port)
+            self._base_urls[server_name] = url
         return url
 
     def url(self, server_name: str, url_path: str) -> str:
-        return self.base_url(server_name) + (url_path if url_path.startswith("/") else "/" + url_path)
+        base = self._base_urls.get(server_name)
+        if base is None:
+            base = self.base_url(server_name)
+        return base + url_path if url_path.startswith("/") else f"{base}/{url_path}"
 
     # -- requests ------------------------------------------------------------------------------------------
 
@@ -210,14 +225,7 @@ class ServerClient:
         Keyword arguments are ``request()``'s and aiohttp's (``json=``, ``headers=``, ``_route=``...).
         The caller owns the response: read it or release it.
         """
-        rollout_id = current_rollout_id()
-        if rollout_id is not None:
-            headers = dict(kwargs.get("headers") or {})
-            headers.setdefault(names.ROLLOUT_ID_HEADER, rollout_id)
-            kwargs["headers"] = headers
-        url = self.url(server_name, url_path)
-        if "_model_call" not in kwargs:
-            kwargs["_model_call"] = self.model_call_target(server_name)
+        url = self._prepare(server_name, url_path, kwargs)
         return await request(method, url, _internal=True, _server_name=server_name, **kwargs)
 
     def model_call_target(self, server_name: str) -> ModelCallTarget:
@@ -232,10 +240,25 @@ class ServerClient:
         return target
 
     async def get(self, server_name: str, url_path: str, **kwargs: Any) -> aiohttp.ClientResponse:
-        return await self.request(server_name, url_path, "GET", **kwargs)
+        url = self._prepare(server_name, url_path, kwargs)  # not through request(): one frame less per hop
+        return await request("GET", url, _internal=True, _server_name=server_name, **kwargs)
 
     async def post(self, server_name: str, url_path: str, **kwargs: Any) -> aiohttp.ClientResponse:
-        return await self.request(server_name, url_path, "POST", **kwargs)
+        url = self._prepare(server_name, url_path, kwargs)
+        return await request("POST", url, _internal=True, _server_name=server_name, **kwargs)
+
+    def _prepare(self, server_name: str, url_path: str, kwargs: dict[str, Any]) -> str:
+        """The URL of ``url_path`` on ``server_name``; the current rollout id goes into the headers (a
+        copy: the caller's are never changed; a header the caller set, in any case, is kept), and what the
+        config says about the server as a model endpoint into ``_model_call``."""
+        rollout_id = ROLLOUT_ID.get()
+        if rollout_id is not None:
+            headers: CIMultiDict[str] = CIMultiDict(kwargs.get("headers") or ())
+            headers.setdefault(names.ROLLOUT_ID_HEADER, rollout_id)
+            kwargs["headers"] = headers
+        if "_model_call" not in kwargs:
+            kwargs["_model_call"] = self.model_call_target(server_name)
+        return self.url(server_name, url_path)
 
     async def poll_for_status(self, server_name: str, timeout_seconds: float = 5) -> PollStatus:
         """One readiness probe (``GET /readyz`` on the control pool, no retries, no span).

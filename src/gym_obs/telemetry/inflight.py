@@ -28,6 +28,7 @@ __all__ = [
     "DEFAULT_LIMIT",
     "DEFAULT_STALL_AFTER_S",
     "MAX_LIMIT",
+    "TRACKING",
     "InflightTable",
     "enable",
     "hop_attempt",
@@ -182,7 +183,7 @@ class InflightTable:
                 retrying.append(self._row(row, now, stall_after_s))
         return {
             "pid": os.getpid(),
-            "tracking": _enabled,
+            "tracking": TRACKING.enabled,
             "capacity": self.capacity,
             "in_flight": len(self.rows),
             "started": self.started,
@@ -199,8 +200,18 @@ class InflightTable:
         }
 
 
+class _Tracking:
+    """The switch, an attribute of a module-level object, so that a hot caller checks it inline
+    (``if inflight.TRACKING.enabled:``) instead of calling a hook that checks it."""
+
+    __slots__ = ("enabled",)
+
+    def __init__(self) -> None:
+        self.enabled = False
+
+
 _TABLE = InflightTable()
-_enabled = False
+TRACKING: Final = _Tracking()
 
 
 def table() -> InflightTable:
@@ -209,7 +220,7 @@ def table() -> InflightTable:
 
 
 def is_enabled() -> bool:
-    return _enabled
+    return TRACKING.enabled
 
 
 def enable(
@@ -223,7 +234,6 @@ def enable(
     ``servers`` maps ``(host, port)`` to gym server names, so a hop is shown by the name of the server it
     goes to (``external`` otherwise); names are resolved when the table is read, never per hop.
     """
-    global _enabled
     if capacity is not None and capacity != _TABLE.capacity:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, not {capacity}")
@@ -232,7 +242,7 @@ def enable(
         _TABLE.server_names = {(host.lower(), port): name for (host, port), name in servers.items()}
     if not on:
         _TABLE.clear()
-    _enabled = on
+    TRACKING.enabled = on
 
 
 class _Tracked:
@@ -268,14 +278,14 @@ _UNTRACKED: Final = _Untracked()
 def rollout(rollout_id: str | None) -> _Tracked | _Untracked:
     """A context manager holding ``rollout_id`` in the table while its request is handled (a no-op when
     tracking is off or there is no id)."""
-    if not _enabled or rollout_id is None:
+    if not TRACKING.enabled or rollout_id is None:
         return _UNTRACKED
     return _Tracked(rollout_id)
 
 
 def set_stage(stage: str) -> None:
     """The current rollout entered ``stage`` (``admission``, ``agent``, ``verification``, ...)."""
-    if not _enabled:
+    if not TRACKING.enabled:
         return
     rollout_id = ROLLOUT_ID.get()
     row = _TABLE.rows.get(rollout_id) if rollout_id is not None else None
@@ -286,7 +296,7 @@ def set_stage(stage: str) -> None:
 
 def hop_attempt(url: object, attempt: int) -> None:
     """Attempt ``attempt`` of the current task's request to ``url`` (str or yarl URL) starts now."""
-    if not _enabled:
+    if not TRACKING.enabled:
         return
     hop = _HOP.get()
     if hop is not None:  # a retry of the request in progress
@@ -311,7 +321,7 @@ def hop_attempt(url: object, attempt: int) -> None:
 
 def hop_done() -> None:
     """The current task's request ended (reply, error or cancellation)."""
-    if not _enabled:
+    if not TRACKING.enabled:
         return
     hop = _HOP.get()
     if hop is not None:

@@ -153,6 +153,7 @@ ROLLOUT_PATH_SEGMENT: Final = "ng-rollout"
 TOKEN_CAPTURE_PATH_SEGMENT: Final = "ng-token-capture"
 TRACEPARENT_HEADER: Final = "traceparent"
 TRACEPARENT_PATTERN: Final = r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}"
+TRACESTATE_HEADER: Final = "tracestate"  # W3C vendor trace state, sent beside traceparent when a span has one
 SESSION_COOKIE: Final = "gym_obs_session"  # signed session token (issue 8)
 SESSION_HEADER: Final = "X-NG-Session"  # the same token for callers without a cookie jar
 SESSION_FORWARDED_HEADER: Final = "X-NG-Session-Forwarded"  # set by a worker proxying to the session owner

@@ -19,7 +19,12 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Final, NamedTuple
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
-from opentelemetry import propagate, trace
+from opentelemetry import baggage, propagate, trace
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
+from opentelemetry.context import Context
+from opentelemetry.propagators.composite import CompositePropagator
+from opentelemetry.propagators.textmap import TextMapPropagator
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from gym_obs.telemetry import names
 from gym_obs.telemetry._state import STATE
@@ -91,9 +96,17 @@ class ParsedPath(NamedTuple):
     token_capture: bool = False
 
 
+_FLAGS_HEX: Final = tuple(f"{flags:02x}" for flags in range(256))
+
+
 def format_traceparent(trace_id: int, span_id: int, trace_flags: int) -> str:
-    """The W3C ``traceparent`` value for a span context."""
-    return f"00-{trace_id:032x}-{span_id:016x}-{trace_flags:02x}"
+    """The W3C ``traceparent`` value for a span context (every gym hop formats one: ``bytes.hex`` is about
+    twice as fast as zero-padded ``format`` for 128 bits; ids out of range are formatted as they come)."""
+    try:
+        return "-".join(("00", trace_id.to_bytes(16, "big").hex(), span_id.to_bytes(8, "big").hex(),
+                         _FLAGS_HEX[trace_flags]))
+    except (OverflowError, IndexError):
+        return f"00-{trace_id:032x}-{span_id:016x}-{trace_flags:02x}"
 
 
 def trace_context_path_segment() -> str:
@@ -396,12 +409,50 @@ def should_propagate(url: str, *, internal: bool = False) -> bool:
     return host in targets or (port is not None and _target_key(host, port) in targets)
 
 
-def inject_trace_headers(headers: MutableMapping[str, str]) -> None:
-    """Inject the current span's context (``traceparent``) into ``headers`` with the global propagator.
+_W3C_TYPES: Final = (TraceContextTextMapPropagator, W3CBaggagePropagator)
+# The global propagator last looked at, and whether it is the W3C default (see _is_w3c_default).
+_checked: tuple[TextMapPropagator | None, bool] = (None, False)
 
-    A no-op when telemetry is off. Call it inside the request's CLIENT span and only after
-    :func:`should_propagate` said yes.
+
+def _is_w3c_default(textmap: TextMapPropagator) -> bool:
+    """Whether ``textmap`` is W3C trace context, alone or with W3C baggage (the SDK's default,
+    ``OTEL_PROPAGATORS=tracecontext,baggage``): then the headers are written here, as it would write them.
+
+    A composite's parts are only in its private ``_propagators`` (no public accessor); a shape that does
+    not match is "not the default", which only means the propagator itself injects.
+    """
+    parts = getattr(textmap, "_propagators", None) if type(textmap) is CompositePropagator else [textmap]
+    if not isinstance(parts, list) or not parts:
+        return False
+    kinds = [type(part) for part in parts]
+    return TraceContextTextMapPropagator in kinds and all(kind in _W3C_TYPES for kind in kinds)
+
+
+def inject_trace_headers(headers: MutableMapping[str, str], context: Context | None = None) -> None:
+    """Inject the trace context of ``context`` (default: the current one) into ``headers`` with the global
+    propagator: ``traceparent`` (and ``tracestate``, ``baggage`` when there are any).
+
+    A no-op when telemetry is off. Call it inside the request's CLIENT span (or with the context holding
+    it) and only after :func:`should_propagate` said yes. With the W3C default propagator the headers are
+    formatted here, byte for byte what the propagator writes, without its generic path (it runs on every
+    gym hop); any other propagator, and any baggage, go through the propagator itself.
     """
     if not (STATE.enabled and STATE.traces_enabled):
         return
-    propagate.inject(headers)
+    global _checked
+    textmap = propagate.get_global_textmap()
+    checked, w3c = _checked
+    if textmap is not checked:
+        w3c = _is_w3c_default(textmap)
+        _checked = (textmap, w3c)
+    if not w3c or baggage.get_all(context):
+        textmap.inject(headers, context)
+        return
+    span_context = trace.get_current_span(context).get_span_context()
+    if span_context == trace.INVALID_SPAN_CONTEXT:
+        return
+    headers[names.TRACEPARENT_HEADER] = format_traceparent(
+        span_context.trace_id, span_context.span_id, span_context.trace_flags
+    )
+    if span_context.trace_state:
+        headers[names.TRACESTATE_HEADER] = span_context.trace_state.to_header()
