@@ -5,7 +5,13 @@ loops enough calls to take a measurable time) and the median per-call cost is pr
 function call measured in the same process as the baseline. Exit status 1 if the disabled instrumented site
 costs 1 µs or more per call (the issue's budget).
 
-A second table prices the span groups (issue 16 §1) at their call sites: the same site with telemetry off,
+A second table prices one metric point on the hot path (issue 13 §5): ``http.client.request.duration`` as
+``RequestObserver`` records it (a cached 5-attribute dict) and a counter increment, through the SDK's own
+instrument and through gym_obs's pre-aggregated one, on the same meter provider (one reader, gym_obs's
+exemplar filter), inside a sampled span of this process (an exemplar is kept) and with no span (none is),
+as a ratio pre-aggregated / SDK in the same run.
+
+A third table prices the span groups (issue 16 §1) at their call sites: the same site with telemetry off,
 on with every span group off (``none``: no span is created, metrics still flow), and on with the groups on
 (``all``), as ratios against the telemetry-off run of the same site in the same process.
 """
@@ -98,6 +104,77 @@ def _rollout_site() -> None:
         pass
 
 
+@dataclass(frozen=True)
+class PointResult:
+    case: str
+    sdk_s: float
+    pre_s: float
+
+
+def measure_points(runs: int) -> list[PointResult]:
+    """SDK instrument vs pre-aggregated instrument, the same point on the same meter provider."""
+    from opentelemetry import context, trace
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from gym_obs.telemetry._exemplars import RecordedSpanExemplarFilter
+    from gym_obs.telemetry.metrics import AttributeCache, Instruments
+
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader], exemplar_filter=RecordedSpanExemplarFilter())
+    meter = provider.get_meter(names.INSTRUMENTATION_SCOPE)
+    pre = Instruments(meter)
+    name = names.METRIC_HTTP_CLIENT_REQUEST_DURATION
+    sdk_histogram = meter.create_histogram(
+        name + ".sdk", unit="s", explicit_bucket_boundaries_advisory=list(names.HISTOGRAM_BUCKETS_S[name])
+    )
+    sdk_counter = meter.create_counter(names.METRIC_CLIENT_RETRIES + ".sdk", unit=names.UNIT_RETRY)
+    point = AttributeCache(
+        names.ATTR_HTTP_REQUEST_METHOD,
+        "server.address",
+        names.ATTR_SERVER_NAME,
+        "server.port",
+        names.ATTR_HTTP_RESPONSE_STATUS_CODE,
+    ).get("POST", "127.0.0.1", "model", 9000, 200)
+    retry = AttributeCache(names.ATTR_SERVER_NAME, names.ATTR_RETRY_REASON).get("model", "timeout")
+    span = TracerProvider().get_tracer("bench").start_span("POST /v1/responses")
+    results = []
+    places = (("in a sampled span", trace.set_span_in_context(span)), ("no span", context.Context()))
+    for where, ctx in places:
+        token = context.attach(ctx)
+        try:
+            for case, sdk_fn, pre_fn in (
+                (
+                    "histogram record",
+                    lambda: sdk_histogram.record(0.012, point),
+                    lambda: pre.client_request_duration.record(0.012, point),
+                ),
+                (
+                    "counter add",
+                    lambda: sdk_counter.add(1, retry),
+                    lambda: pre.client_retries.add(1, retry),
+                ),
+            ):
+                sdk_runs, pre_runs = [], []
+                for _ in range(runs):  # interleaved, so both see the same machine
+                    sdk_runs.extend(_per_call(sdk_fn, 1))
+                    pre_runs.extend(_per_call(pre_fn, 1))
+                results.append(
+                    PointResult(f"{case}, {where}", statistics.median(sdk_runs), statistics.median(pre_runs))
+                )
+        finally:
+            context.detach(token)
+    data = reader.get_metrics_data()  # the pre-aggregated points reach the reader, with their exemplars
+    assert data is not None
+    found = {m.name: m for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+    (histogram_point,) = found[name].data.data_points
+    (exemplar,) = histogram_point.exemplars
+    assert exemplar.span_id == span.get_span_context().span_id
+    provider.shutdown()
+    return results
+
+
 GROUP_SITES: list[tuple[str, Callable[[], object]]] = [
     ("span-group flag check (`STATE.groups.model_call`)", _group_flag_site),
     ("RequestObserver + end_ok (http_client group)", _observer_site),
@@ -172,6 +249,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"|{'-' * 64}|{'-' * 11}:|{'-' * 11}:|")
     for result in results:
         print(f"| {result.name:<62} | {_fmt(result.median_s):>10} | {result.median_s / baseline:>10.1f} |")
+    print()
+    print("One metric point: the SDK's instrument vs the pre-aggregated one (same provider, same run)")
+    print(f"| {'point':<48} | {'SDK':>9} | {'pre-agg':>9} | {'pre / SDK':>9} |")
+    print(f"|{'-' * 50}|{'-' * 10}:|{'-' * 10}:|{'-' * 10}:|")
+    for p in measure_points(args.runs):
+        print(f"| {p.case:<48} | {_fmt(p.sdk_s):>9} | {_fmt(p.pre_s):>9} | {p.pre_s / p.sdk_s:>9.2f} |")
     print()
     print("Span groups at their call sites (x = ratio to the same site with telemetry off, same run)")
     columns = f"{'off':>9} | {'groups none':>11} | {'x off':>6} | {'groups all':>10} | {'x off':>6}"

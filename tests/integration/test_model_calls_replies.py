@@ -247,11 +247,30 @@ async def model(telemetry: Capture) -> AsyncIterator[httpx.AsyncClient]:
             yield client
 
 
+async def _post(
+    client: httpx.AsyncClient, capture: Capture, path: str, body: dict[str, Any]
+) -> httpx.Response:
+    """POST and wait for the call's SERVER span to end: with gym's SERVER span the layer records when the
+    app returns, just before that span ends, which can be just after the client has read the last byte
+    (the server runs on its own thread)."""
+    before = _server_span_count(capture)
+    response = await client.post(path, json=body)
+    deadline = time.monotonic() + 5.0
+    while True:
+        if _server_span_count(capture) > before or time.monotonic() > deadline:
+            return response
+        await asyncio.sleep(0.01)
+
+
+def _server_span_count(capture: Capture) -> int:
+    return sum(1 for s in capture.spans() if s.kind is SpanKind.SERVER)
+
+
 async def _call(
-    client: httpx.AsyncClient, operation: str, scenario: str, stream: bool, prefix: str = ""
+    client: httpx.AsyncClient, capture: Capture, operation: str, scenario: str, stream: bool, prefix: str = ""
 ) -> bytes:
     body = {"operation": operation, "scenario": scenario, "stream": stream, "model": MODEL}
-    response = await client.post(prefix + ROUTES[operation], json=body)
+    response = await _post(client, capture, prefix + ROUTES[operation], body)
     return response.content
 
 
@@ -305,7 +324,7 @@ OPERATIONS = list(ROUTES)
 async def test_a_good_reply_gives_tokens_finish_duration_and_the_span(
     model: httpx.AsyncClient, telemetry: Capture, operation: str, stream: bool
 ) -> None:
-    content = await _call(model, operation, "ok", stream, prefix="/ng-rollout/r-42")
+    content = await _call(model, telemetry, operation, "ok", stream, prefix="/ng-rollout/r-42")
     expected = b"".join(stream_chunks(operation, "ok")) if stream else json_body(operation, "ok")
     assert content == expected
     base = {
@@ -356,7 +375,7 @@ async def test_a_good_reply_gives_tokens_finish_duration_and_the_span(
 async def test_any_chunking_of_a_stream_gives_the_same_facts(
     model: httpx.AsyncClient, telemetry: Capture, operation: str, scenario: str
 ) -> None:
-    content = await _call(model, operation, scenario, True)
+    content = await _call(model, telemetry, operation, scenario, True)
     assert content == b"".join(stream_chunks(operation, scenario))
     assert _token_sums(telemetry, operation) == {"input": 11, "output": 7, "cached_input": 5}
     assert len(telemetry.metric_points(names.METRIC_GEN_AI_SERVER_TIME_TO_FIRST_TOKEN)) == 1
@@ -380,7 +399,7 @@ HOSTILE = [
 async def test_hostile_replies_pass_untouched_and_are_counted_once_as_unparsable(
     model: httpx.AsyncClient, telemetry: Capture, operation: str, scenario: str, stream: bool, reason: str
 ) -> None:
-    content = await _call(model, operation, scenario, stream)
+    content = await _call(model, telemetry, operation, scenario, stream)
     expected = b"".join(stream_chunks(operation, scenario)) if stream else json_body(operation, scenario)
     assert content == expected
     assert _unparsable(telemetry) == {reason: 1.0}
@@ -394,7 +413,7 @@ async def test_hostile_replies_pass_untouched_and_are_counted_once_as_unparsable
 async def test_a_50_mb_reply_arrives_whole_and_only_its_usage_is_skipped(
     model: httpx.AsyncClient, telemetry: Capture
 ) -> None:
-    content = await _call(model, names.GEN_AI_OPERATION_CHAT, "huge", False)
+    content = await _call(model, telemetry, names.GEN_AI_OPERATION_CHAT, "huge", False)
     assert content == json_body(names.GEN_AI_OPERATION_CHAT, "huge")
     assert _unparsable(telemetry) == {"too_large": 1.0}
     assert _outcomes(telemetry) == {"ok": 1}
@@ -405,9 +424,9 @@ async def test_a_50_mb_reply_arrives_whole_and_only_its_usage_is_skipped(
 async def test_error_replies_and_exceptions_are_outcomes_not_unparsable(
     model: httpx.AsyncClient, telemetry: Capture, operation: str
 ) -> None:
-    error = await model.post(ROUTES[operation], json={"operation": operation, "scenario": "error"})
+    error = await _post(model, telemetry, ROUTES[operation], {"operation": operation, "scenario": "error"})
     assert error.status_code == 503
-    failed = await model.post(ROUTES[operation], json={"operation": operation, "scenario": "raise"})
+    failed = await _post(model, telemetry, ROUTES[operation], {"operation": operation, "scenario": "raise"})
     assert failed.status_code == 502 and failed.headers.get(names.FAILURE_REPORT_HEADER)
     assert _outcomes(telemetry) == {"upstream_error": 1, "exception": 1}
     assert _unparsable(telemetry) == {}
@@ -439,10 +458,10 @@ async def test_a_caller_that_goes_away_mid_stream_is_cancelled(
 async def test_other_routes_and_unlisted_models_stay_out_of_the_metrics(
     model: httpx.AsyncClient, telemetry: Capture
 ) -> None:
-    await model.post("/v1/embeddings", json={"operation": "chat"})
+    await _post(model, telemetry, "/v1/embeddings", {"operation": "chat"})
     assert telemetry.metric_points(names.METRIC_GEN_AI_SERVER_REQUEST_DURATION) == []
     body = {"operation": "chat", "model": "secret-finetune-123"}
-    await model.post(ROUTES["chat"], json=body)
+    await _post(model, telemetry, ROUTES["chat"], body)
     (point,) = telemetry.metric_points(names.METRIC_GEN_AI_SERVER_REQUEST_DURATION)
     assert point.attributes[names.ATTR_GEN_AI_REQUEST_MODEL] == names.GEN_AI_MODEL_OTHER
     span = _server_span(telemetry, ROUTES["chat"])

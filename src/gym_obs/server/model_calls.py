@@ -10,8 +10,12 @@ the dialect by route and watches what the handler sends:
   then only a reference to each later chunk is kept in a small ring, and the ring's last events (where
   usage and finish reasons live) are read once after the last byte went out.
 
-No byte is held back or delayed: every message is passed on as it comes. Nothing here raises into the reply
-path; a reply that cannot be read costs its token metrics and is counted once as unparsable.
+No byte is held back or delayed: every message is passed on as it comes. Under gym's own SERVER span (it
+ends when the app returns) the reply is read and recorded after the app returned; under a span that ends
+with the last body message (contrib's), the final bytes go out, then the reply is read, then the end of the
+body. The metric points of a call go in at once, to series bound once per label combination (one exemplar
+decision per call, on the latency points). Nothing here raises into the reply path; a reply that cannot be
+read costs its token metrics and is counted once as unparsable.
 """
 
 from __future__ import annotations
@@ -23,13 +27,14 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final
 
-from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gym_obs.config import ConfigError
+from gym_obs.server._model_call_points import TOKEN_SPAN_KEYS, CallPoints
 from gym_obs.telemetry import names
+from gym_obs.telemetry._exemplars import current_recorded_span
 from gym_obs.telemetry._state import STATE
 from gym_obs.telemetry.genai import (
     ReplyFacts,
@@ -39,7 +44,7 @@ from gym_obs.telemetry.genai import (
     model_from_request_body,
     update_from_event,
 )
-from gym_obs.telemetry.metrics import AttributeCache, Instruments
+from gym_obs.telemetry.metrics import Instruments
 from gym_obs.telemetry.spans import set_trusted_attributes
 
 __all__ = [
@@ -131,6 +136,7 @@ class _Call:
         "_send",
         "complete",
         "disconnected",
+        "ended",
         "facts",
         "first_token_at",
         "head_bytes",
@@ -146,15 +152,12 @@ class _Call:
         "sse",
         "started",
         "status",
-        "streamed",
         "tail",
-        "was_read",
     )
 
-    # set in _start for the reply's kind only
+    # set in _start for the reply's kind only (a call pays for its own kind)
     json_parts: list[bytes]
     json_bytes: int
-    sse: SseEvents
     head_bytes: int
     tail: deque[bytes] | None
 
@@ -171,19 +174,14 @@ class _Call:
         self._receive = receive
         self._send = send
         self.span = span
-        self.started = time.perf_counter()
+        self.started = self.ended = time.perf_counter()  # ended: when the final body message was handed on
         self.mode = _WAITING
-        self.status = 0
-        self.complete = False
-        self.disconnected = False
-        self.streamed = False
+        self.status = self.scanned = 0
+        self.complete = self.disconnected = self.recorded = False
         self.facts = ReplyFacts()
         self.first_token_at: float | None = None
         self.request_model: str | None = None
-        self.scanned = 0
-        self.was_read = False
-        self.recorded = False
-        # JSON replies set json_parts/json_bytes, streams the rest, in _start (a call pays for its own kind)
+        self.sse: SseEvents | None = None  # a streamed reply's reader
 
     async def receive(self) -> Message:
         message = await self._receive()
@@ -199,27 +197,50 @@ class _Call:
 
     def send(self, message: Message) -> Awaitable[None]:
         """Look at ``message`` and pass it on untouched (the inner send's awaitable is returned as is)."""
-        if self.mode == _TAIL:  # the hot path of a stream: keep a reference to the body, nothing else
+        mode = self.mode
+        if mode == _TAIL:  # the hot path of a stream: keep a reference to the body, nothing else
             if message.get("more_body", False):
                 self.tail.append(message.get("body", b""))  # type: ignore[union-attr]
                 return self._send(message)
             if message["type"] != _BODY:
                 return self._send(message)
             self.tail.append(message.get("body", b""))  # type: ignore[union-attr]
-            return self._last(message)
-        try:
-            self._inspect(message)
-        except Exception:
-            _internal_failure()
-            self.mode = _PASS
+            return self._final(message)
+        if mode == _JSON and message["type"] == _BODY:  # a JSON reply's body: kept, bounded
+            body = message.get("body", b"")
+            if body:
+                self.json_bytes += len(body)
+                if self.json_bytes <= MAX_JSON_BYTES:
+                    self.json_parts.append(body)
+                else:
+                    self._too_large()
+        else:
+            try:
+                if mode == _WAITING and message["type"] == _START:
+                    self._start(message)
+                    return self._send(message)
+                self._inspect(message)
+            except Exception:
+                _internal_failure()
+                self.mode = _PASS
         if message["type"] == _BODY and not message.get("more_body", False):
-            return self._last(message)
+            return self._final(message)
         return self._send(message)
 
-    async def _last(self, message: Message) -> None:
-        """The final body message: its bytes go out first, then the reply is read and the SERVER span told
-        (it ends when the end of the body passes), then the end of the body goes out."""
+    def _final(self, message: Message) -> Awaitable[None]:
+        """The final body message: the reply is complete when it goes out (the call's duration ends here).
+        Under gym's SERVER span (it ends when the app returns) or none, the reply is read and recorded after
+        the app returns; under another (contrib's ends with the last body message), see :meth:`_split`."""
         self.complete = True
+        self.ended = time.perf_counter()
+        span = self.span
+        if span is None or _ends_with_the_app(span):
+            return self._send(message)
+        return self._split(message)
+
+    async def _split(self, message: Message) -> None:
+        """For a SERVER span that ends when the end of the body passes: the final bytes go out first, then
+        the reply is read and the span told, then the end of the body goes out."""
         body = message.get("body", b"")
         if body:
             await self._send({"type": _BODY, "body": body, "more_body": True})
@@ -231,6 +252,11 @@ class _Call:
         self.mode = _PASS
         await self._send(message)
 
+    def _too_large(self) -> None:
+        self.facts.flag(names.GEN_AI_UNPARSABLE_TOO_LARGE)
+        self.json_parts = []
+        self.mode = _PASS
+
     def _inspect(self, message: Message) -> None:
         kind = message["type"]
         if kind == _START:
@@ -238,31 +264,21 @@ class _Call:
             return
         if kind != _BODY:
             return
-        body: bytes = message.get("body", b"")
-        mode = self.mode
-        if mode == _JSON:
-            self.json_bytes += len(body)
-            if self.json_bytes > MAX_JSON_BYTES:
-                self.facts.flag(names.GEN_AI_UNPARSABLE_TOO_LARGE)
-                self.json_parts = []
-                self.mode = _PASS
-            elif body:
-                self.json_parts.append(body)
-        elif mode == _HEAD:
-            self._head(body)
+        if self.mode == _HEAD:
+            self._head(message.get("body", b""))
 
     def _start(self, message: Message) -> None:
-        self.status = status = int(message.get("status", 200))
+        status = message.get("status", 200)
+        self.status = status = status if type(status) is int else int(status)
         if status >= 400:
             self.mode = _PASS
             return
         content_type = b""
         for key, value in message.get("headers", ()):
-            if key.lower() == _CONTENT_TYPE:
+            if key == _CONTENT_TYPE or key.lower() == _CONTENT_TYPE:
                 content_type = value.lower()
                 break
         if content_type.startswith(b"text/event-stream"):
-            self.streamed = True
             self.sse = SseEvents()
             self.head_bytes = 0
             self.tail = None
@@ -298,63 +314,67 @@ class _Call:
     # -- after the last byte -------------------------------------------------------------------------------
 
     def read_reply(self) -> None:
-        """Read what was kept (once): the JSON document, or the stream's last events."""
-        if self.was_read:
-            return
-        self.was_read = True
+        """Read what was kept: the JSON document, or the stream's last events (called once, by _record)."""
         facts = self.facts
         if self.mode == _JSON:
             facts_from_json(self.operation, b"".join(self.json_parts), facts)
-            self.json_parts = []
-        elif self.streamed:
-            sse = self.sse
-            truncated = sse.pending
-            if self.tail:
-                truncated = self._read_tail()
-            if self.complete and truncated:
-                facts.flag(names.GEN_AI_UNPARSABLE_TRUNCATED)
-            if sse.dropped:
-                facts.flag(names.GEN_AI_UNPARSABLE_TOO_LARGE)
-            if not facts.has_usage:
-                facts.flag(names.GEN_AI_UNPARSABLE_MISSING_USAGE)
+            return
+        sse = self.sse
+        if sse is None:
+            return
+        truncated = sse.pending
+        if self.tail:
+            truncated = self._read_tail(sse)
+        if self.complete and truncated:
+            facts.flag(names.GEN_AI_UNPARSABLE_TRUNCATED)
+        if sse.dropped:
+            facts.flag(names.GEN_AI_UNPARSABLE_TOO_LARGE)
+        if not facts.has_usage:
+            facts.flag(names.GEN_AI_UNPARSABLE_MISSING_USAGE)
 
-    def _read_tail(self) -> bool:
-        """Read the last ``TAIL_EVENTS`` events of what was kept (never the whole stream event by event);
-        True when the stream ended inside an event."""
+    def _read_tail(self, sse: SseEvents) -> bool:
+        """Read the last ``TAIL_EVENTS`` events of what was kept, joining only the chunks they are in (never
+        the whole stream event by event); True when the stream ended inside an event."""
         tail = self.tail
         assert tail is not None
         self.tail = None
-        responses = self.operation == names.GEN_AI_OPERATION_RESPONSES
-        limit = RESPONSES_TAIL_BYTES if responses else TAIL_BYTES
-        trimmed = len(tail) == tail.maxlen  # older chunks may have left the ring
-        if sum(map(len, tail)) <= 4 * limit:
-            joined = b"".join(tail)
-        else:  # a few huge chunks: join only what the limit keeps
-            bodies: list[bytes] = []
-            size = 0
-            for body in reversed(tail):
-                bodies.append(body)
-                size += len(body)
-                if size > limit:
-                    break
-            joined = b"".join(reversed(bodies))
-        if len(joined) > limit:
-            joined = joined[len(joined) - limit :]
+        operation, facts = self.operation, self.facts
+        chunks = list(tail)
+        trimmed = len(chunks) == tail.maxlen  # older chunks may have left the ring
+        first = 0
+        if not trimmed and sse.pending:
+            # the head's reader stopped inside an event: its chunks finish it (and any event it runs into)
+            while first < len(chunks) and sse.pending:
+                for event in sse.feed(chunks[first]):
+                    if _late_event(operation, event):
+                        update_from_event(operation, event, facts)
+                first += 1
+            if sse.pending:
+                return True
+        limit = RESPONSES_TAIL_BYTES if operation == names.GEN_AI_OPERATION_RESPONSES else TAIL_BYTES
+        picked: list[bytes] = []
+        size = events = 0
+        at = len(chunks)
+        while at > first:  # from the end: the chunks that hold the last events (or the byte limit)
+            at -= 1
+            body = chunks[at]
+            picked.append(body)
+            size += len(body)
+            events += body.count(b"\n\n")  # CR forms and split separators only undercount: more is read
+            if events > TAIL_EVENTS or size > limit:
+                break
+        trimmed = trimmed or at > first
+        picked.reverse()
+        data = b"".join(picked)
+        if len(data) > limit:
+            data = data[len(data) - limit :]
             trimmed = True
-        data = joined
         if b"\r" in data:
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         blocks = data.split(b"\n\n")  # one C call; the last piece is what follows the last event
-        if not trimmed and self.sse.pending:
-            # the head's reader stopped inside an event: the tail continues it
-            for event in self.sse.feed(data):
-                if _late_event(self.operation, event):
-                    update_from_event(self.operation, event, self.facts)
-            return self.sse.pending
         rest = blocks.pop()
         if trimmed and len(blocks) <= TAIL_EVENTS:
             blocks = blocks[1:]  # the first piece may start mid-event
-        operation, facts = self.operation, self.facts
         for block in blocks[-TAIL_EVENTS:]:
             if _late_event(operation, block):  # a byte search before any per-line work
                 payload = _event_data(block)
@@ -363,6 +383,8 @@ class _Call:
         return bool(rest.strip())
 
     def outcome(self, error: BaseException | None) -> str:
+        if self.complete:  # the whole reply went out: what the app did after it is not the call's outcome
+            error = None
         if error is not None:
             if isinstance(error, asyncio.CancelledError) or self.disconnected or _is_disconnect(error):
                 return names.GEN_AI_OUTCOME_CANCELLED
@@ -424,9 +446,16 @@ def _internal_failure() -> None:
         _log.warning("model-call telemetry failed; the reply is unaffected", exc_info=True)
 
 
+def _ends_with_the_app(span: Span) -> bool:
+    """Whether ``span`` is gym's own SERVER span, which ends when the app returns (contrib's ends with the
+    last body message)."""
+    scope = getattr(span, "instrumentation_scope", None)
+    return getattr(scope, "name", None) == names.INSTRUMENTATION_SCOPE
+
+
 def _server_span() -> Span | None:
-    span = trace.get_current_span()
-    if span.is_recording() and getattr(span, "kind", None) is SpanKind.SERVER:
+    span = current_recorded_span()  # at a request's start it has not ended: it is recording
+    if span is not None and getattr(span, "kind", None) is SpanKind.SERVER:
         return span
     return None
 
@@ -447,16 +476,8 @@ class ModelCallMiddleware:
         self.provider = provider
         self.allowed_models = frozenset(model_allow_list)
         self._label_model = bool(self.allowed_models)
-        keys = [names.ATTR_SERVER_NAME, names.ATTR_GEN_AI_OPERATION_NAME]
-        if provider is not None:
-            keys.append(names.ATTR_GEN_AI_PROVIDER_NAME)
-        if self.allowed_models:
-            keys.append(names.ATTR_GEN_AI_REQUEST_MODEL)
-        self._base = AttributeCache(*keys)
-        self._with_outcome = AttributeCache(*keys, names.ATTR_GEN_AI_OUTCOME)
-        self._with_token = AttributeCache(*keys, names.ATTR_GEN_AI_TOKEN_TYPE)
-        self._with_finish = AttributeCache(*keys, names.ATTR_GEN_AI_RESPONSE_FINISH_REASONS)
-        self._with_reason = AttributeCache(*keys, names.ATTR_GEN_AI_UNPARSABLE_REASON)
+        # (server name, operation, model label or None) -> its points; bounded by the label rule
+        self._points: dict[tuple[str, str, str | None], CallPoints] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         operation = dialect_for_path(scope["path"]) if scope["type"] == "http" else None
@@ -484,71 +505,86 @@ class ModelCallMiddleware:
         if instruments is not None:
             self._record(call, None, instruments)
 
-    def _labels(self, call: _Call) -> tuple[str, ...]:
+    def _points_for(self, call: _Call, instruments: Instruments) -> CallPoints:
         server = self.server_name or STATE.server_name or ""
-        if not self._label_model:
-            if self.provider is None:
-                return (server, call.operation)
-            return (server, call.operation, self.provider)
-        model = call.request_model or call.facts.response_model
-        model = model if model in self.allowed_models else names.GEN_AI_MODEL_OTHER
-        if self.provider is None:
-            return (server, call.operation, model)
-        return (server, call.operation, self.provider, model)
+        model: str | None = None
+        if self._label_model:
+            model = call.request_model or call.facts.response_model
+            if model not in self.allowed_models:
+                model = names.GEN_AI_MODEL_OTHER
+        key = (server, call.operation, model)
+        points = self._points.get(key)
+        if points is None or points.instruments is not instruments:
+            base: dict[str, Any] = {
+                names.ATTR_SERVER_NAME: server,
+                names.ATTR_GEN_AI_OPERATION_NAME: call.operation,
+            }
+            if self.provider is not None:
+                base[names.ATTR_GEN_AI_PROVIDER_NAME] = self.provider
+            if model is not None:
+                base[names.ATTR_GEN_AI_REQUEST_MODEL] = model
+            if len(self._points) >= 1024:  # only a changing server name could get here
+                self._points.clear()
+            points = self._points[key] = CallPoints(instruments, base)
+        return points
 
     def _record(self, call: _Call, error: BaseException | None, instruments: Instruments) -> None:
-        """Metrics and SERVER-span attributes of one call (once: at its last byte, else when it ended)."""
+        """Metrics and SERVER-span attributes of one call (once: after its last byte, else when it ended)."""
         call.recorded = True
-        ended = time.perf_counter()
+        ended = call.ended if call.complete else time.perf_counter()
         outcome = call.outcome(error)
-        facts = call.facts
         call.read_reply()
-        labels = self._labels(call)
-        instruments.gen_ai_server_duration.record(
-            ended - call.started, self._with_outcome.get(*labels, outcome)
-        )
-        ok = outcome == names.GEN_AI_OUTCOME_OK
-        if ok and call.first_token_at is not None:
-            instruments.gen_ai_server_ttft.record(call.first_token_at - call.started, self._base.get(*labels))
-        tokens, with_token = instruments.gen_ai_server_tokens, self._with_token
-        for token_type, count in (
-            (names.GEN_AI_TOKEN_INPUT, facts.input_tokens),
-            (names.GEN_AI_TOKEN_OUTPUT, facts.output_tokens),
-            (names.GEN_AI_TOKEN_REASONING, facts.reasoning_tokens),
-            (names.GEN_AI_TOKEN_CACHED_INPUT, facts.cached_input_tokens),
-        ):
-            if count is not None:
-                tokens.record(count, with_token.get(*labels, token_type))
-        for reason in facts.finish_reasons:
-            instruments.gen_ai_server_finishes.add(1, self._with_finish.get(*labels, reason))
-        if ok and facts.problem is not None:
-            instruments.gen_ai_server_unparsable.add(1, self._with_reason.get(*labels, facts.problem))
-        span = call.span
-        if span is not None:
-            set_trusted_attributes(span, self._span_attributes(call, outcome))
-
-    def _span_attributes(self, call: _Call, outcome: str) -> dict[str, Any]:
         facts = call.facts
+        points = self._points_for(call, instruments)
+        # Exemplars (one decision for the call) on the latency points, where a dashboard links a slow call to
+        # its trace; the token and finish counts go without (the SERVER span carries them too).
+        pre = instruments.pre
+        exemplar = pre.exemplar() if pre is not None else None
+        measurements = [(points.duration[outcome], ended - call.started, exemplar)]
         attributes: dict[str, Any] = {
             names.ATTR_GEN_AI_OPERATION_NAME: call.operation,
             names.ATTR_GEN_AI_OUTCOME: outcome,
-            names.ATTR_GEN_AI_STREAMED: call.streamed,
+            names.ATTR_GEN_AI_STREAMED: call.sse is not None,
         }
-        problem = facts.problem if outcome == names.GEN_AI_OUTCOME_OK else None
-        optional = (
-            (names.ATTR_GEN_AI_PROVIDER_NAME, self.provider),
-            (names.ATTR_GEN_AI_REQUEST_MODEL, call.request_model),
-            (names.ATTR_GEN_AI_RESPONSE_MODEL, facts.response_model),
-            (names.ATTR_GEN_AI_RESPONSE_ID, facts.response_id),
-            (names.ATTR_GEN_AI_USAGE_INPUT_TOKENS, facts.input_tokens),
-            (names.ATTR_GEN_AI_USAGE_OUTPUT_TOKENS, facts.output_tokens),
-            (names.ATTR_GEN_AI_USAGE_REASONING_TOKENS, facts.reasoning_tokens),
-            (names.ATTR_GEN_AI_USAGE_CACHED_INPUT_TOKENS, facts.cached_input_tokens),
-            (names.ATTR_GEN_AI_UNPARSABLE_REASON, problem),
-        )
-        for key, value in optional:
-            if value is not None:
-                attributes[key] = value
-        if facts.finish_reasons:
-            attributes[names.ATTR_GEN_AI_RESPONSE_FINISH_REASONS] = tuple(facts.finish_reasons)
-        return attributes
+        ok = outcome == names.GEN_AI_OUTCOME_OK
+        if ok and call.first_token_at is not None:
+            measurements.append((points.ttft, call.first_token_at - call.started, exemplar))
+        tokens = points.tokens
+        count = facts.input_tokens
+        if count is not None:
+            measurements.append((tokens[0], count, None))
+            attributes[names.ATTR_GEN_AI_USAGE_INPUT_TOKENS] = count
+        count = facts.output_tokens
+        if count is not None:
+            measurements.append((tokens[1], count, None))
+            attributes[names.ATTR_GEN_AI_USAGE_OUTPUT_TOKENS] = count
+        if facts.reasoning_tokens is not None or facts.cached_input_tokens is not None:  # the rarer two
+            counts = (facts.reasoning_tokens, facts.cached_input_tokens)
+            for point, key, count in zip(tokens[2:], TOKEN_SPAN_KEYS[2:], counts, strict=True):
+                if count is not None:
+                    measurements.append((point, count, None))
+                    attributes[key] = count
+        reasons = facts.finish_tuple()
+        if reasons:  # normalised by genai: always of the fixed set
+            for reason in reasons:
+                measurements.append((points.finishes[reason], 1, None))
+            attributes[names.ATTR_GEN_AI_RESPONSE_FINISH_REASONS] = reasons
+        problem = facts.problem if ok else None
+        if problem is not None:
+            measurements.append((points.unparsable[problem], 1, None))
+        points.emit(measurements)
+        span = call.span
+        if span is not None:
+            if self.provider is not None:
+                attributes[names.ATTR_GEN_AI_PROVIDER_NAME] = self.provider
+            if problem is not None:
+                attributes[names.ATTR_GEN_AI_UNPARSABLE_REASON] = problem
+            # the names: the request's (scanned), the reply's model and id
+            for key, value in (
+                (names.ATTR_GEN_AI_REQUEST_MODEL, call.request_model),
+                (names.ATTR_GEN_AI_RESPONSE_MODEL, facts.response_model),
+                (names.ATTR_GEN_AI_RESPONSE_ID, facts.response_id),
+            ):
+                if value is not None:
+                    attributes[key] = value
+            set_trusted_attributes(span, attributes)

@@ -5,21 +5,138 @@ exemplar reservoir -- also when this process records no span there (a sampled ``
 the span group is off, or only the remote parent is current). That is reservoir work on the request path
 for an exemplar whose span id leads nowhere. With tracing off in the process, no measurement is eligible,
 decided once at set-up. ``OTEL_METRICS_EXEMPLAR_FILTER``, when set, is the user's choice and wins.
+
+:func:`exemplar_sampler` turns the meter provider's filter (whichever it is) into the one call the
+pre-aggregated instruments make per measurement: it answers the filter's question and returns the span
+context the exemplar points to in the same step, so a measurement pays one context lookup, not two.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from typing import Final
 
-from opentelemetry.context import Context
-from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, ExemplarFilter
-from opentelemetry.trace import NonRecordingSpan, get_current_span
+from opentelemetry import context as otel_context
+from opentelemetry.context import Context, get_current
+from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
+from opentelemetry.sdk.metrics import (
+    AlwaysOffExemplarFilter,
+    AlwaysOnExemplarFilter,
+    ExemplarFilter,
+    TraceBasedExemplarFilter,
+)
+from opentelemetry.trace import (
+    INVALID_SPAN,
+    NonRecordingSpan,
+    Span,
+    SpanContext,
+    get_current_span,
+    set_span_in_context,
+)
 from opentelemetry.util.types import Attributes
 
-__all__ = ["RecordedSpanExemplarFilter", "exemplar_filter"]
+__all__ = [
+    "ExemplarSampler",
+    "RecordedSpanExemplarFilter",
+    "current_recorded_span",
+    "exemplar_filter",
+    "exemplar_sampler",
+]
 
 ENV_EXEMPLAR_FILTER: Final = "OTEL_METRICS_EXEMPLAR_FILTER"
+
+#: (value, attributes, context) -> the span context an exemplar of this measurement points to (an invalid
+#: one: an exemplar without ids), or None: no exemplar.
+ExemplarSampler = Callable[[float, Attributes, Context | None], SpanContext | None]
+
+
+# The context key the current span lives under, found through the public API (``set_span_in_context``
+# writes exactly one key), so the samplers read the span with one dict lookup.
+(_SPAN_KEY,) = set_span_in_context(INVALID_SPAN, Context()).keys()
+_NOTHING: Final = object()
+
+
+def _context_getter() -> Callable[[], Context]:
+    """``opentelemetry.context.get_current`` without its two Python frames where the runtime context is the
+    SDK's default (contextvars) one: that ContextVar's ``get`` (the one API-internal read; any other runtime
+    context, or another layout, gets the public function)."""
+    runtime = getattr(otel_context, "_RUNTIME_CONTEXT", None)
+    var = getattr(runtime, "_current_context", None)
+    if type(runtime) is ContextVarsRuntimeContext and isinstance(var, ContextVar):
+        return var.get
+    return get_current
+
+
+_current_context: Final = _context_getter()
+
+
+def _span_in(context: Context | None) -> object:
+    return (_current_context() if context is None else context).get(_SPAN_KEY)
+
+
+def _learn(kind: type) -> tuple[bool, bool]:
+    """(a span at all, a span this process records), for a type seen for the first time."""
+    known = (issubclass(kind, Span), issubclass(kind, Span) and not issubclass(kind, NonRecordingSpan))
+    if len(_SPAN_TYPES) < 64:  # span types are few; an odd caller cannot grow this
+        _SPAN_TYPES[kind] = known
+    return known
+
+
+# span type -> (a Span at all, one this process records: an SDK span rather than a NonRecordingSpan, which
+# is no span, a bare remote parent or an unsampled one): decided once per type, not per point.
+_SPAN_TYPES: dict[type, tuple[bool, bool]] = {}
+
+
+def current_recorded_span(context: Context | None = None) -> Span | None:
+    """The current span when it is one this process records (an SDK span, ended or not), else None; the
+    cheap form of ``get_current_span()`` plus a recording check, for per-request hot paths."""
+    span = (_current_context() if context is None else context).get(_SPAN_KEY)
+    known = _SPAN_TYPES.get(type(span)) or _learn(type(span))
+    return span if known[1] else None  # type: ignore[return-value]
+
+
+def _recorded(span: object) -> SpanContext | None:
+    """``span``'s context when it is a sampled span of this process, else None (gym's filter)."""
+    known = _SPAN_TYPES.get(type(span)) or _learn(type(span))
+    if not known[1]:
+        return None
+    span_context: SpanContext = span.get_span_context()  # type: ignore[attr-defined]
+    return span_context if span_context.trace_flags & 1 else None
+
+
+def _sampled(span: object) -> SpanContext | None:
+    """The SDK's ``trace_based`` rule: any sampled span context, a remote parent's included."""
+    known = _SPAN_TYPES.get(type(span)) or _learn(type(span))
+    if not known[0]:
+        return None
+    span_context: SpanContext = span.get_span_context()  # type: ignore[attr-defined]
+    return span_context if span_context.is_valid and span_context.trace_flags & 1 else None
+
+
+def _any(span: object) -> SpanContext | None:
+    """``always_on``: every measurement, with the span's ids when there is one."""
+    return (span if isinstance(span, Span) else INVALID_SPAN).get_span_context()
+
+
+def _per_span(answer: Callable[[object], SpanContext | None]) -> ExemplarSampler:
+    """A sampler that asks ``answer`` about the current span once per span: the points of one request are
+    measured under the same span, so every point after its first costs two dict lookups and an identity
+    test. (A span's answer never changes; the one span remembered is kept alive until the next.)"""
+    last: tuple[object, SpanContext | None] = (_NOTHING, None)
+
+    def sample(value: float, attributes: Attributes, context: Context | None) -> SpanContext | None:
+        nonlocal last
+        span = (_current_context() if context is None else context).get(_SPAN_KEY)
+        seen = last  # one read: another thread may replace it, never half of it
+        if seen[0] is span:
+            return seen[1]
+        found = answer(span)
+        last = (span, found)
+        return found
+
+    return sample
 
 
 class RecordedSpanExemplarFilter(ExemplarFilter):
@@ -29,8 +146,7 @@ class RecordedSpanExemplarFilter(ExemplarFilter):
     def should_sample(
         self, value: float, time_unix_nano: int, attributes: Attributes, context: Context
     ) -> bool:
-        span = get_current_span(context)
-        return not isinstance(span, NonRecordingSpan) and span.get_span_context().trace_flags.sampled
+        return _recorded(_span_in(context)) is not None
 
 
 def exemplar_filter(tracing: bool, env: Mapping[str, str]) -> ExemplarFilter | None:
@@ -38,3 +154,28 @@ def exemplar_filter(tracing: bool, env: Mapping[str, str]) -> ExemplarFilter | N
     if env.get(ENV_EXEMPLAR_FILTER, "").strip():
         return None
     return RecordedSpanExemplarFilter() if tracing else AlwaysOffExemplarFilter()
+
+
+def exemplar_sampler(chosen: ExemplarFilter | None) -> ExemplarSampler | None:
+    """The per-measurement sampler that does what ``chosen`` decides; None when no measurement is eligible.
+
+    The SDK's three filters and gym's own get a direct implementation; any other filter is asked as the SDK
+    would ask it (``should_sample`` with the measurement's value, time, attributes and context).
+    """
+    if chosen is None or isinstance(chosen, AlwaysOffExemplarFilter):
+        return None
+    if type(chosen) is RecordedSpanExemplarFilter:
+        return _per_span(_recorded)
+    if type(chosen) is TraceBasedExemplarFilter:
+        return _per_span(_sampled)
+    if type(chosen) is AlwaysOnExemplarFilter:
+        return _per_span(_any)
+    should_sample = chosen.should_sample
+
+    def ask(value: float, attributes: Attributes, context: Context | None) -> SpanContext | None:
+        current = context if context is not None else get_current()
+        if not should_sample(value, time.time_ns(), attributes, current):
+            return None
+        return get_current_span(current).get_span_context()
+
+    return ask

@@ -68,6 +68,9 @@ _TOOL_ITEMS: Final = frozenset(
 _RESPONSES_FINAL_EVENTS: Final = frozenset({"response.completed", "response.incomplete", "response.failed"})
 _RESPONSES_START_EVENTS: Final = frozenset({"response.created", "response.in_progress"})
 
+#: The finish reasons of a single choice, one shared tuple per normalised reason.
+_ONE_FINISH: Final = {reason: (reason,) for reason in names.GEN_AI_FINISH_REASONS}
+
 _MODEL_KEY: Final = b'"model"'
 _MODEL_VALUE: Final = re.compile(rb'"model"\s*:\s*"([^"\\\x00-\x1f]{1,256})"')
 
@@ -88,7 +91,8 @@ def clean_name(value: object) -> str | None:
     """A model name or id fit for a span: a printable string of bounded length, else None."""
     if not isinstance(value, str) or not value:
         return None
-    value = value[:_MAX_NAME_CHARS]
+    if len(value) > _MAX_NAME_CHARS:
+        value = value[:_MAX_NAME_CHARS]
     return value if value.isprintable() else None
 
 
@@ -111,9 +115,10 @@ class ReplyFacts:
 
     __slots__ = (
         "_finish_by_index",
+        "_finish_index",
+        "_finish_reason",
         "cached_input_tokens",
         "content_started",
-        "finish_reasons",
         "input_tokens",
         "output_tokens",
         "problem",
@@ -127,8 +132,10 @@ class ReplyFacts:
         self.output_tokens: int | None = None
         self.reasoning_tokens: int | None = None
         self.cached_input_tokens: int | None = None
-        self.finish_reasons: list[str] = []
-        self._finish_by_index: dict[int, str] = {}
+        # One choice's finish reason (the usual case) is kept in two fields; a second choice's makes the dict.
+        self._finish_index = 0
+        self._finish_reason: str | None = None
+        self._finish_by_index: dict[int, str] | None = None
         self.response_model: str | None = None
         self.response_id: str | None = None
         self.content_started = False
@@ -154,11 +161,32 @@ class ReplyFacts:
     def has_usage(self) -> bool:
         return self.input_tokens is not None or self.output_tokens is not None
 
+    @property
+    def finish_reasons(self) -> list[str]:
+        """The normalised finish reason of each choice, in the order the choices first reported one."""
+        return list(self.finish_tuple())
+
+    def finish_tuple(self) -> tuple[str, ...]:
+        """:attr:`finish_reasons` as a tuple; a single reason's is one shared tuple per reason (what a span
+        attribute holds: no new object per reply)."""
+        by_index = self._finish_by_index
+        if by_index is not None:
+            return tuple(by_index.values())
+        reason = self._finish_reason
+        if reason is None:
+            return ()
+        return _ONE_FINISH.get(reason) or (reason,)
+
     def add_finish(self, reason: str, index: int = 0) -> None:
         """Record choice ``index``'s finish reason (bounded; the last report for an index wins)."""
-        if index in self._finish_by_index or len(self._finish_by_index) < _MAX_FINISH_REASONS:
-            self._finish_by_index[index] = reason
-            self.finish_reasons = list(self._finish_by_index.values())
+        by_index = self._finish_by_index
+        if by_index is None:
+            if self._finish_reason is None or self._finish_index == index:
+                self._finish_index, self._finish_reason = index, reason
+                return
+            by_index = self._finish_by_index = {self._finish_index: self._finish_reason}
+        if index in by_index or len(by_index) < _MAX_FINISH_REASONS:
+            by_index[index] = reason
 
     def note_model(self, value: object) -> None:
         if self.response_model is None:
@@ -174,7 +202,7 @@ class ReplyFacts:
 
 def _count(facts: ReplyFacts, container: object, key: str) -> int | None:
     """``container[key]`` as a valid token count; a present but invalid value flags ``invalid_usage``."""
-    if not isinstance(container, dict):
+    if type(container) is not dict:
         return None
     value = container.get(key)
     if value is None:
@@ -185,23 +213,36 @@ def _count(facts: ReplyFacts, container: object, key: str) -> int | None:
     return None
 
 
-def _set(facts: ReplyFacts, attr: str, value: int | None) -> None:
-    if value is not None:
-        setattr(facts, attr, value)
+#: The OpenAI usage keys: (input, output, input details, output details), per dialect.
+_CHAT_USAGE: Final = (
+    "prompt_tokens", "completion_tokens", "prompt_tokens_details", "completion_tokens_details",
+)
+_RESPONSES_USAGE: Final = ("input_tokens", "output_tokens", "input_tokens_details", "output_tokens_details")
 
 
-def _openai_usage(facts: ReplyFacts, usage: object, input_key: str, output_key: str) -> None:
+def _openai_usage(facts: ReplyFacts, usage: object, keys: tuple[str, str, str, str]) -> None:
     if usage is None:
         return
-    if not isinstance(usage, dict):
+    if type(usage) is not dict:
         facts.flag(names.GEN_AI_UNPARSABLE_INVALID_USAGE)
         return
-    _set(facts, "input_tokens", _count(facts, usage, input_key))
-    _set(facts, "output_tokens", _count(facts, usage, output_key))
-    details_in = usage.get(input_key + "_details")
-    details_out = usage.get(output_key + "_details")
-    _set(facts, "cached_input_tokens", _count(facts, details_in, "cached_tokens"))
-    _set(facts, "reasoning_tokens", _count(facts, details_out, "reasoning_tokens"))
+    input_key, output_key, input_details, output_details = keys
+    value = _count(facts, usage, input_key)
+    if value is not None:
+        facts.input_tokens = value
+    value = _count(facts, usage, output_key)
+    if value is not None:
+        facts.output_tokens = value
+    details = usage.get(input_details)
+    if details is not None:
+        value = _count(facts, details, "cached_tokens")
+        if value is not None:
+            facts.cached_input_tokens = value
+    details = usage.get(output_details)
+    if details is not None:
+        value = _count(facts, details, "reasoning_tokens")
+        if value is not None:
+            facts.reasoning_tokens = value
 
 
 def _messages_usage(facts: ReplyFacts, usage: object) -> None:
@@ -216,28 +257,30 @@ def _messages_usage(facts: ReplyFacts, usage: object) -> None:
     written = _count(facts, usage, "cache_creation_input_tokens")
     if fresh is not None:
         facts.input_tokens = min(fresh + (read or 0) + (written or 0), MAX_TOKENS)
-    _set(facts, "cached_input_tokens", read)
-    _set(facts, "output_tokens", _count(facts, usage, "output_tokens"))
+    if read is not None:
+        facts.cached_input_tokens = read
+    output = _count(facts, usage, "output_tokens")
+    if output is not None:
+        facts.output_tokens = output
 
 
 # --- whole replies -----------------------------------------------------------------------------------------
 
 
 def _chat_choices(facts: ReplyFacts, choices: object) -> None:
-    if not isinstance(choices, list):
+    if type(choices) is not list:
         return
-    for position, choice in enumerate(choices[:_MAX_FINISH_REASONS]):
-        if not isinstance(choice, dict):
-            continue
-        reason = choice.get("finish_reason")
+    if len(choices) > _MAX_FINISH_REASONS:
+        choices = choices[:_MAX_FINISH_REASONS]
+    for position, choice in enumerate(choices):
+        reason = choice.get("finish_reason") if type(choice) is dict else None
         if reason is not None:
             index = choice.get("index")
-            key = index if type(index) is int else position
             facts.add_finish(
                 _CHAT_FINISH.get(reason, names.GEN_AI_FINISH_OTHER)
-                if isinstance(reason, str)
+                if type(reason) is str
                 else names.GEN_AI_FINISH_OTHER,
-                key,
+                index if type(index) is int else position,
             )
 
 
@@ -247,7 +290,7 @@ def _responses_object(facts: ReplyFacts, response: object) -> None:
         return
     facts.note_model(response.get("model"))
     facts.note_id(response.get("id"))
-    _openai_usage(facts, response.get("usage"), "input_tokens", "output_tokens")
+    _openai_usage(facts, response.get("usage"), _RESPONSES_USAGE)
     status = response.get("status")
     if status == "completed":
         output = response.get("output")
@@ -287,25 +330,31 @@ def facts_from_json(operation: str, body: bytes, facts: ReplyFacts | None = None
         facts.flag(names.GEN_AI_UNPARSABLE_MALFORMED)
         return facts
     try:
-        if not isinstance(data, dict):
+        if type(data) is not dict:  # what orjson makes of a JSON object
             facts.flag(names.GEN_AI_UNPARSABLE_MALFORMED)
         elif operation == names.GEN_AI_OPERATION_CHAT:
-            facts.note_model(data.get("model"))
-            facts.note_id(data.get("id"))
+            _identify(facts, data)
             _chat_choices(facts, data.get("choices"))
-            _openai_usage(facts, data.get("usage"), "prompt_tokens", "completion_tokens")
+            _openai_usage(facts, data.get("usage"), _CHAT_USAGE)
         elif operation == names.GEN_AI_OPERATION_RESPONSES:
             _responses_object(facts, data)
         else:
-            facts.note_model(data.get("model"))
-            facts.note_id(data.get("id"))
+            _identify(facts, data)
             _messages_stop(facts, data.get("stop_reason"))
             _messages_usage(facts, data.get("usage"))
     except Exception:  # pragma: no cover - every access above is type-checked; defensive
         facts.flag(names.GEN_AI_UNPARSABLE_MALFORMED)
-    if facts.problem is None and not facts.has_usage:
+    if facts.problem is None and facts.input_tokens is None and facts.output_tokens is None:
         facts.flag(names.GEN_AI_UNPARSABLE_MISSING_USAGE)
     return facts
+
+
+def _identify(facts: ReplyFacts, reply: dict[str, Any]) -> None:
+    """The reply's model and id (the first ones seen win)."""
+    if facts.response_model is None:
+        facts.response_model = clean_name(reply.get("model"))
+    if facts.response_id is None:
+        facts.response_id = clean_name(reply.get("id"))
 
 
 # --- streamed replies --------------------------------------------------------------------------------------
@@ -457,7 +506,7 @@ def _chat_event(event: dict[str, Any], facts: ReplyFacts) -> bool:
         _chat_choices(facts, choices)
     usage = event.get("usage")
     if usage is not None:
-        _openai_usage(facts, usage, "prompt_tokens", "completion_tokens")
+        _openai_usage(facts, usage, _CHAT_USAGE)
     return content
 
 
@@ -499,7 +548,9 @@ def _messages_event(event: dict[str, Any], facts: ReplyFacts) -> bool:
             if usage.get("input_tokens") is not None:
                 _messages_usage(facts, usage)
             else:
-                _set(facts, "output_tokens", _count(facts, usage, "output_tokens"))
+                output = _count(facts, usage, "output_tokens")
+                if output is not None:
+                    facts.output_tokens = output
     elif kind == "error":
         facts.add_finish(names.GEN_AI_FINISH_ERROR)
     return False

@@ -1,0 +1,89 @@
+"""When the model-call layer records, against the two ways a SERVER span can end (driven in process).
+
+gym's own SERVER span ends when the app returns: the layer passes the final body message on at once and
+reads and records the reply after the app returned. A span that ends with the last body message (contrib's)
+gets its attributes before that message passes: the final bytes go out first, then the reply is read, then
+the end of the body. Either way no body byte waits for the parse.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from opentelemetry import trace
+
+from gym_obs.server.model_calls import ModelCallMiddleware
+from gym_obs.telemetry import names
+from gym_obs.telemetry.testing import Capture
+
+REPLY = json.dumps(
+    {
+        "id": "c1",
+        "model": "m",
+        "choices": [{"index": 0, "message": {"content": "hi"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+    }
+).encode()
+START = {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]}
+
+
+async def _handler(scope: Any, receive: Any, send: Any) -> None:
+    await receive()
+    await send(START)
+    await send({"type": "http.response.body", "body": REPLY, "more_body": False})
+
+
+def _drive(capture: Capture, scope_name: str, ends_with_last_body: bool) -> tuple[list[Any], list[Any]]:
+    """One chat call through the layer inside a SERVER span of tracer ``scope_name``; returns what reached
+    the server's ``send`` and what the span had when the end of the body passed."""
+    tracer = capture.tracer_provider.get_tracer(scope_name)
+    layer = ModelCallMiddleware(_handler, server_name="s")
+    sent: list[Any] = []
+    at_end: list[Any] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b'{"model": "m"}', "more_body": False}
+
+    async def run() -> None:
+        span = tracer.start_span("POST /v1/chat/completions", kind=trace.SpanKind.SERVER)
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                at_end.append(dict(span.attributes or {}))  # type: ignore[attr-defined]
+                if ends_with_last_body:
+                    span.end()
+
+        with trace.use_span(span, end_on_exit=not ends_with_last_body):
+            scope = {"type": "http", "path": "/v1/chat/completions", "method": "POST"}
+            await layer(scope, receive, send)
+
+    asyncio.run(run())
+    return sent, at_end
+
+
+@pytest.mark.parametrize("scope_name", [names.INSTRUMENTATION_SCOPE, "opentelemetry.instrumentation.asgi"])
+def test_the_span_gets_the_calls_attributes_and_the_bytes_pass_untouched(
+    telemetry: Capture, scope_name: str
+) -> None:
+    ends_with_last_body = scope_name != names.INSTRUMENTATION_SCOPE
+    sent, at_end = _drive(telemetry, scope_name, ends_with_last_body)
+    bodies = [m for m in sent if m["type"] == "http.response.body"]
+    assert b"".join(m.get("body", b"") for m in bodies) == REPLY
+    assert bodies[-1].get("more_body", False) is False
+    if ends_with_last_body:  # read before the end of the body passed: the span ends with it
+        assert [m.get("body") for m in bodies] == [REPLY, b""]
+        assert at_end[0][names.ATTR_GEN_AI_USAGE_INPUT_TOKENS] == 3
+    else:  # passed on as it came; read after the app returned, while gym's span was still open
+        assert bodies == [{"type": "http.response.body", "body": REPLY, "more_body": False}]
+        assert names.ATTR_GEN_AI_USAGE_INPUT_TOKENS not in at_end[0]
+    (span,) = telemetry.spans()
+    attributes = dict(span.attributes or {})
+    assert attributes[names.ATTR_GEN_AI_USAGE_OUTPUT_TOKENS] == 2
+    assert attributes[names.ATTR_GEN_AI_RESPONSE_FINISH_REASONS] == ("stop",)
+    assert attributes[names.ATTR_GEN_AI_REQUEST_MODEL] == "m"
+    (duration,) = telemetry.metric_points(names.METRIC_GEN_AI_SERVER_REQUEST_DURATION)
+    assert duration.count == 1 and duration.attributes[names.ATTR_GEN_AI_OUTCOME] == "ok"
