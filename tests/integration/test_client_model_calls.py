@@ -292,6 +292,19 @@ async def test_a_reply_read_with_plain_aiohttp_gets_its_facts_or_ends_when_let_g
     assert unparsable(telemetry) == {"unread": 2.0}
 
 
+async def test_a_response_nobody_keeps_is_read_whole(client: ServerClient, telemetry: Capture) -> None:
+    """``await (await post(...)).read()``: the caller holds no reference to the response while it reads."""
+    operation = names.GEN_AI_OPERATION_CHAT
+    body = await (await post(client, operation)).read()
+    assert orjson.loads(body) == orjson.loads(json_body(operation, "ok"))
+    assert one_client_span(telemetry, operation)[names.ATTR_GEN_AI_USAGE_INPUT_TOKENS] == 11
+    assert token_sums(telemetry) == TOKENS
+    (await post(client, operation)).release()  # let go at once: the call ends, whatever it was told
+    spans = wait_for(lambda: client_spans(telemetry, operation), 2)
+    assert len(spans) == 2
+    assert (spans[1].attributes or {})[names.ATTR_GEN_AI_OUTCOME] in {"ok", "cancelled"}
+
+
 async def test_a_stream_released_early_ends_at_once_as_cancelled(
     client: ServerClient, telemetry: Capture
 ) -> None:

@@ -24,12 +24,12 @@ once, at the first of:
   aiohttp's connection release callback; ``cancelled``, or ``exception`` when the reply broke;
 - the response object collected with nothing said (``weakref.finalize``): as if let go then.
 
-aiohttp has no public per-response hook for the first two: the response's ``read``, ``release`` and
-``close`` are wrapped on the instance (:func:`_install_hooks`), for model calls only. The span and the
+aiohttp has no public per-response hook for the first two: the response is watched
+(``client/_reply_watch.py``), for model calls only. The span and the
 duration end at the reply's last byte when it is known (aiohttp's end-of-payload release), so a caller that
 reads late does not stretch them. A reply with an error status (>= 400) or a request that raised ends its
 call at once. Nothing here holds the response strongly (a weak reference, a finalizer, the connection's
-callback, the instance's own wrappers), so dropping a response still frees it.
+callback, the response's own watcher attribute), so dropping a response still frees it.
 
 **Never in the way.** The reply's bytes are the caller's: parsing for telemetry happens after the caller's
 read, on bounded input (a JSON reply over ``MAX_JSON_BYTES`` or an SSE event over the parser's line limit is
@@ -69,6 +69,7 @@ from typing import Any, Final
 import aiohttp
 from opentelemetry.trace import Span
 
+from gym_obs.client._reply_watch import unwatch, watch, watcher_of
 from gym_obs.telemetry import names
 from gym_obs.telemetry._state import STATE
 from gym_obs.telemetry.genai import (
@@ -308,7 +309,7 @@ class _ModelCall:
             if isinstance(body, bytes):
                 self.body_read(body, response.content_type)
                 return
-            _install_hooks(response, self)
+            watch(response, self)
         except Exception:
             _internal_failure()
             self._end(names.GEN_AI_OUTCOME_OK, None, span, own_span=True)
@@ -434,7 +435,7 @@ class _ModelCall:
             self.finalizer.detach()
         response = self.ref() if self.ref is not None else None
         if response is not None:
-            _remove_hooks(response)
+            unwatch(response)
         span = self.span
         if span is not None and error is not None and span.is_recording():
             record_exception(span, error)
@@ -518,78 +519,11 @@ class _ModelCall:
         return attributes
 
 
-class _Hook:
-    """One of a model call's response methods, wrapped (see :func:`_install_hooks`)."""
-
-    __slots__ = ("call", "name", "ref")
-
-    def __init__(self, call: _ModelCall, name: str, ref: weakref.ref[aiohttp.ClientResponse]) -> None:
-        self.call = call
-        self.name = name
-        self.ref = ref
-
-    def __call__(self) -> Any:
-        response = self.ref()
-        if response is None:
-            # ``(await request(...)).release()``: the response was a temporary, freed when its method was
-            # looked up. aiohttp's ``__del__`` gave its connection back and the finalizer let the call go;
-            # releasing or closing it now has nothing left to do.
-            try:
-                self.call.let_go()
-            except Exception:  # pragma: no cover - let_go guards itself
-                _internal_failure()
-            return None
-        result = getattr(type(response), self.name)(response)
-        try:
-            self.call.let_go()
-        except Exception:  # pragma: no cover - let_go guards itself; the caller's call must not fail here
-            _internal_failure()
-        return result
-
-
-class _ReadHook(_Hook):
-    __slots__ = ()
-
-    async def __call__(self) -> bytes:
-        response = self.ref()
-        assert response is not None
-        body: bytes = await type(response).read(response)
-        self.call.body_read(body, response.content_type)
-        return body
-
-
-_HOOKED: Final = ("read", "release", "close")
-
-
-def _install_hooks(response: aiohttp.ClientResponse, call: _ModelCall) -> None:
-    """Wrap this response's ``read``, ``release`` and ``close`` (instance attributes shadow the class's
-    methods, so aiohttp's own calls -- ``json()``, ``text()``, ``async with``, ``wait_for_close`` -- go
-    through them too): a reply read or let go after its last byte arrived says so at once, which no
-    connection callback can (the connection went back to the pool at that byte). They also tell the helpers
-    which call a response belongs to, so no registry is kept. Only model calls' responses are touched; one
-    that takes no attributes keeps the connection's and the finalizer's ends."""
-    ref = call.ref
-    assert ref is not None
-    try:
-        for name, hook in (("read", _ReadHook), ("release", _Hook), ("close", _Hook)):
-            setattr(response, name, hook(call, name, ref))
-    except AttributeError:  # pragma: no cover - a future aiohttp with __slots__
-        _remove_hooks(response)
-
-
-def _remove_hooks(response: aiohttp.ClientResponse) -> None:
-    own = getattr(response, "__dict__", None)
-    if own is not None:
-        for name in _HOOKED:
-            if isinstance(own.get(name), _Hook):
-                del own[name]
-
-
 def _live(response: aiohttp.ClientResponse) -> _ModelCall | None:
-    """The model call whose reply ``response`` is, while it is open: its wrappers know it (no registry)."""
-    hook = getattr(response, "__dict__", {}).get("read")
-    if isinstance(hook, _Hook) and not hook.call.ended:
-        return hook.call
+    """The model call whose reply ``response`` is, while it is open (the response knows; no registry)."""
+    call = watcher_of(response)
+    if isinstance(call, _ModelCall) and not call.ended:
+        return call
     return None
 
 
