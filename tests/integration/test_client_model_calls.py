@@ -407,7 +407,9 @@ async def test_routes_targets_and_unlisted_models(client: ServerClient, telemetr
     assert len(points(telemetry, names.METRIC_GEN_AI_CLIENT_OPERATION_DURATION)) == 2
 
 
-async def test_with_telemetry_off_nothing_runs_and_the_helpers_still_read(client: ServerClient) -> None:
+async def test_with_telemetry_off_nothing_is_recorded_and_the_rollout_still_counts(
+    client: ServerClient, telemetry: Capture
+) -> None:
     state = telemetry_state()
     snapshot = state.snapshot()
     state.enabled = False
@@ -416,10 +418,21 @@ async def test_with_telemetry_off_nothing_runs_and_the_helpers_still_read(client
             response = await post(client, names.GEN_AI_OPERATION_CHAT, stream=True)
             assert await read_stream(response) == event_data(stream_chunks(names.GEN_AI_OPERATION_CHAT, "ok"))
             reply = await get_response_json(await post(client, names.GEN_AI_OPERATION_CHAT))
+            failed = await post(client, names.GEN_AI_OPERATION_CHAT, "error")
+            failed.release()
         assert reply["usage"]["prompt_tokens"] == 11
-        assert tally.model_calls == 0  # the tally is fed by the model-call telemetry only
+        # The rollout's own report still has its model calls; nothing went to a span or a metric.
+        summary = tally.summary()
+        assert summary["model_calls"] == 3
+        assert (summary["input_tokens"], summary["output_tokens"]) == (22, 14)
+        assert len(tally.ttfts) == 1
+        outside = await post(client, names.GEN_AI_OPERATION_CHAT)  # outside a rollout: nothing at all
+        assert await outside.read()
+        assert outside.__class__ is aiohttp.ClientResponse
     finally:
         state.restore(snapshot)
+    assert client_spans(telemetry, names.GEN_AI_OPERATION_CHAT) == []
+    assert points(telemetry, names.METRIC_GEN_AI_CLIENT_OPERATION_DURATION) == []
 
 
 async def test_a_body_read_inside_request_ends_the_call_with_the_whole_http_span(

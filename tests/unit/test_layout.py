@@ -60,6 +60,7 @@ LAYERS: dict[str, int] = {
 #: Inside ``client/`` a module imports only modules listed before it (issue 17's target pipeline).
 CLIENT_ORDER: list[str] = [
     "_options",
+    "_reply_watch",
     "model_calls",
     "errors",
     "_retry",

@@ -1,8 +1,9 @@
 """``request()``: the one way a gym_obs process talks HTTP to another server.
 
 It validates its arguments, freezes them into one :class:`RequestOptions`, picks the pool and then takes
-one of two paths: telemetry off, the attempt loop alone (one flag check over bare aiohttp); telemetry on,
-a :class:`RequestObserver` around the same loop (one CLIENT span per logical request, retries included).
+one of two paths: telemetry off, the attempt loop alone (one flag check over bare aiohttp; inside a rollout
+a model call also feeds the rollout's tally); telemetry on, a :class:`RequestObserver` around the same loop
+(one CLIENT span per logical request, retries included).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, Final
 import aiohttp
 import orjson
 from multidict import CIMultiDict
+from opentelemetry.trace import INVALID_SPAN
 
 from gym_obs.client._observe import RequestObserver
 from gym_obs.client._options import (
@@ -25,12 +27,13 @@ from gym_obs.client._options import (
     TransportFailureHook,
 )
 from gym_obs.client._send import send
-from gym_obs.client._sessions import pool_for
-from gym_obs.client.model_calls import ModelCallTarget
+from gym_obs.client._sessions import Pool, pool_for
+from gym_obs.client.model_calls import ModelCallTarget, observe_model_call
 from gym_obs.failures.event import NgFailureEvent
 from gym_obs.failures.kinds import Boundary, Stage
 from gym_obs.failures.transport import observe_failure
 from gym_obs.telemetry._state import STATE
+from gym_obs.telemetry.tally import current_rollout
 
 __all__ = ["observe_transport_failures", "request"]
 
@@ -186,7 +189,9 @@ async def request(
         options = _options(*knobs, _on_transport_failure)
     pool = pool_for(_control)
     if not STATE.enabled:
-        return await send(pool, method, url, aiohttp_kwargs, options, None)
+        if current_rollout() is None:
+            return await send(pool, method, url, aiohttp_kwargs, options, None)
+        return await _send_tallied(pool, method, url, aiohttp_kwargs, options, _model_call, payload)
     observer = RequestObserver(method, url, options, _model_call, payload)
     try:
         observer.prepare(aiohttp_kwargs, options)
@@ -195,6 +200,30 @@ async def request(
         observer.end_failed(exc)
         raise
     observer.end_reply(response)
+    return response
+
+
+async def _send_tallied(
+    pool: Pool,
+    method: str,
+    url: Any,
+    kwargs: dict[str, Any],
+    options: RequestOptions,
+    target: ModelCallTarget | None,
+    payload: object,
+) -> aiohttp.ClientResponse:
+    """Telemetry off, inside a rollout: a model call still feeds the rollout's tally (its tokens, time to
+    first token and time in flight are what the rollout reports); nothing is recorded or exported."""
+    text = url if isinstance(url, str) else str(url)
+    call = observe_model_call(text, target, payload, "", None, options.server_name or "")
+    if call is None:
+        return await send(pool, method, url, kwargs, options, None)
+    try:
+        response = await send(pool, method, url, kwargs, options, None)
+    except BaseException as exc:
+        call.request_failed(exc, INVALID_SPAN)
+        raise
+    call.replied(response, INVALID_SPAN)
     return response
 
 
