@@ -1,9 +1,12 @@
-"""A hostile model reply cannot put a secret on the agent's CLIENT span or metrics.
+"""A hostile model reply cannot put a secret on the agent's CLIENT span or metrics, nor a hostile request or
+reply on a gym model server's SERVER span or metrics.
 
-A plain (non-gym) model server on loopback plants the canary, in the forms the scrubber knows, everywhere a
-reply carries a string: the model name, the response id, the finish reason, a stream's error event, an error
-reply's body; the request's own model name carries it too. Every exported span (attributes and events) and
-every metric point recorded in the process is searched for it. Port 30851.
+A model app on loopback plants the canary, in the forms the scrubber knows, everywhere a reply carries a
+string: the model name, the response id, the finish reason, a stream's error event, an error reply's body;
+the request's own model name carries it too. The app runs plain (the agent's side) and as a gym model server
+(``SimpleServer``, ``server_type: responses_api_models``: its model-call layer reads the same replies).
+Every exported span (attributes and events) and every metric point recorded in the process is searched for
+it. Ports 30851, 30852.
 """
 
 from __future__ import annotations
@@ -25,14 +28,16 @@ from gym_obs.client import (
     request,
     set_global_aiohttp_client,
 )
+from gym_obs.server import SimpleServer
 from gym_obs.telemetry import names
 from gym_obs.telemetry.testing import Capture
-from tests.integration.test_model_calls_replies import serving
+from tests.integration.test_model_calls_replies import config, serving
 from tests.security.canary_apps import CANARY
 
 pytestmark = pytest.mark.integration
 
 PORT = 30851
+GYM_PORT = 30852
 BASE = f"http://127.0.0.1:{PORT}"
 LONG_MODEL = "m" * 10_000
 
@@ -79,6 +84,15 @@ def canary_model_app() -> FastAPI:
     return app
 
 
+class CanaryModelServer(SimpleServer):
+    """The same hostile replies from a gym model server: its model-call layer reads them too."""
+
+    sessions_enabled = False
+
+    def setup_webserver(self) -> FastAPI:
+        return canary_model_app()
+
+
 @pytest.fixture
 async def model(telemetry: Capture) -> AsyncIterator[None]:
     with serving(canary_model_app(), PORT):
@@ -116,4 +130,29 @@ async def test_a_canary_in_a_model_reply_reaches_no_span_and_no_metric(
     assert {a[names.ATTR_GEN_AI_OUTCOME] for a in calls} == {"ok", "upstream_error"}
     assert calls[0][names.ATTR_GEN_AI_RESPONSE_FINISH_REASONS] == (names.GEN_AI_FINISH_OTHER,)
     assert all(len(str(a.get(names.ATTR_GEN_AI_RESPONSE_MODEL, ""))) <= 256 for a in calls)
+    assert CANARY not in everything(telemetry)
+
+
+async def test_a_canary_in_a_model_request_or_reply_reaches_no_server_span_and_no_metric(
+    model: None, telemetry: Capture
+) -> None:
+    app = CanaryModelServer("policy", config(GYM_PORT)).build_app()
+    base = f"http://127.0.0.1:{GYM_PORT}"
+    with serving(app, GYM_PORT):
+        telemetry.clear()
+        chat = base + names.GEN_AI_ROUTE_CHAT
+        reply = await get_response_json(await request("POST", chat, json={"model": f"api_key={CANARY}"}))
+        assert CANARY in reply["id"] and CANARY in reply["model"]
+        stream = await request("POST", base + names.GEN_AI_ROUTE_MESSAGES, json={"model": f"token={CANARY}"})
+        assert any(CANARY.encode() in data for data in [d async for d in iter_sse_data(stream)])
+        failed = await request("POST", chat, json={"model": f"secret={CANARY}", "fail": True})
+        assert failed.status == 500 and CANARY in (await failed.text())
+    served = [
+        dict(s.attributes or {})
+        for s in telemetry.spans()
+        if s.kind is SpanKind.SERVER and names.ATTR_GEN_AI_OPERATION_NAME in (s.attributes or {})
+    ]
+    assert len(served) == 3  # the layer saw every call (and put its names on the span, scrubbed)
+    assert any(names.ATTR_GEN_AI_RESPONSE_ID in a for a in served)
+    assert any(names.ATTR_GEN_AI_REQUEST_MODEL in a for a in served)
     assert CANARY not in everything(telemetry)

@@ -78,10 +78,10 @@ from gym_obs.telemetry.genai import (
     SseEvents,
     clean_name,
     facts_from_json,
+    span_text,
     update_from_event,
 )
 from gym_obs.telemetry.metrics import AttributeCache, Instruments
-from gym_obs.telemetry.redaction import scrub_text
 from gym_obs.telemetry.spans import record_exception, set_span_error, set_trusted_attributes
 from gym_obs.telemetry.tally import RolloutTally, current_rollout
 
@@ -224,21 +224,6 @@ _WITH_TOKEN: Final = AttributeCache(*_BASE_KEYS, names.ATTR_GEN_AI_TOKEN_TYPE, m
 _WITH_REASON: Final = AttributeCache(
     *_BASE_KEYS, names.ATTR_GEN_AI_UNPARSABLE_REASON, max_entries=_MAX_CACHED
 )
-
-# Scrubbed model names (they repeat; a scrub costs microseconds). Bounded, cleared when full.
-_SCRUBBED: dict[str, str] = {}
-
-
-def _span_text(value: str | None) -> str | None:
-    if value is None:
-        return None
-    found = _SCRUBBED.get(value)
-    if found is None:
-        if len(_SCRUBBED) > _MAX_CACHED:
-            _SCRUBBED.clear()
-        found = _SCRUBBED[value] = scrub_text(value)
-    return found
-
 
 class _ModelCall:
     """One model call from request to end (see the module docstring); ends exactly once."""
@@ -502,9 +487,9 @@ class _ModelCall:
         }
         optional = (
             (names.ATTR_GEN_AI_PROVIDER_NAME, self.target.provider),
-            (names.ATTR_GEN_AI_REQUEST_MODEL, _span_text(self.request_model)),
-            (names.ATTR_GEN_AI_RESPONSE_MODEL, _span_text(facts.response_model)),
-            (names.ATTR_GEN_AI_RESPONSE_ID, scrub_text(facts.response_id) if facts.response_id else None),
+            (names.ATTR_GEN_AI_REQUEST_MODEL, span_text(self.request_model)),
+            (names.ATTR_GEN_AI_RESPONSE_MODEL, span_text(facts.response_model)),
+            (names.ATTR_GEN_AI_RESPONSE_ID, span_text(facts.response_id)),
             (names.ATTR_GEN_AI_USAGE_INPUT_TOKENS, facts.input_tokens),
             (names.ATTR_GEN_AI_USAGE_OUTPUT_TOKENS, facts.output_tokens),
             (names.ATTR_GEN_AI_USAGE_REASONING_TOKENS, facts.reasoning_tokens),

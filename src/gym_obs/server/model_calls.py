@@ -42,6 +42,7 @@ from gym_obs.telemetry.genai import (
     dialect_for_path,
     facts_from_json,
     model_from_request_body,
+    span_text,
     update_from_event,
 )
 from gym_obs.telemetry.metrics import Instruments
@@ -579,12 +580,12 @@ class ModelCallMiddleware:
                 attributes[names.ATTR_GEN_AI_PROVIDER_NAME] = self.provider
             if problem is not None:
                 attributes[names.ATTR_GEN_AI_UNPARSABLE_REASON] = problem
-            # the names: the request's (scanned), the reply's model and id
+            # the names: the request's (scanned), the reply's model and id; text a peer chose, so scrubbed
             for key, value in (
                 (names.ATTR_GEN_AI_REQUEST_MODEL, call.request_model),
                 (names.ATTR_GEN_AI_RESPONSE_MODEL, facts.response_model),
                 (names.ATTR_GEN_AI_RESPONSE_ID, facts.response_id),
             ):
                 if value is not None:
-                    attributes[key] = value
+                    attributes[key] = span_text(value)
             set_trusted_attributes(span, attributes)

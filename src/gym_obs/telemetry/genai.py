@@ -17,6 +17,7 @@ from typing import Any, Final
 import orjson
 
 from gym_obs.telemetry import names
+from gym_obs.telemetry.redaction import scrub_text
 
 __all__ = [
     "MAX_TOKENS",
@@ -94,6 +95,24 @@ def clean_name(value: object) -> str | None:
     if len(value) > _MAX_NAME_CHARS:
         value = value[:_MAX_NAME_CHARS]
     return value if value.isprintable() else None
+
+
+# Scrubbed names and ids for spans (model names repeat; a scrub costs microseconds); cleared when full.
+_SCRUBBED: dict[str, str] = {}
+_MAX_SCRUBBED: Final = 1024
+
+
+def span_text(value: str | None) -> str | None:
+    """A name or id from a request or reply (already :func:`clean_name`-ed), scrubbed for a span: a model
+    name or response id is text a peer chose, so it may carry a secret like any other."""
+    if value is None:
+        return None
+    found = _SCRUBBED.get(value)
+    if found is None:
+        if len(_SCRUBBED) >= _MAX_SCRUBBED:
+            _SCRUBBED.clear()
+        found = _SCRUBBED[value] = scrub_text(value)
+    return found
 
 
 def model_from_request_body(body: bytes) -> str | None:
