@@ -129,8 +129,9 @@ def install_model_calls(
     return True
 
 
-class _Call:
-    """One model call: what was sent so far and the facts read from it."""
+class _Call(ReplyFacts):
+    """One model call: what was sent so far, and the facts read from it (a call is its reply's facts: one
+    object per call, not two)."""
 
     __slots__ = (
         "_receive",
@@ -138,7 +139,6 @@ class _Call:
         "complete",
         "disconnected",
         "ended",
-        "facts",
         "first_token_at",
         "head_bytes",
         "json_bytes",
@@ -179,7 +179,7 @@ class _Call:
         self.mode = _WAITING
         self.status = self.scanned = 0
         self.complete = self.disconnected = self.recorded = False
-        self.facts = ReplyFacts()
+        ReplyFacts.__init__(self)
         self.first_token_at: float | None = None
         self.request_model: str | None = None
         self.sse: SseEvents | None = None  # a streamed reply's reader
@@ -207,14 +207,19 @@ class _Call:
                 return self._send(message)
             self.tail.append(message.get("body", b""))  # type: ignore[union-attr]
             return self._final(message)
-        if mode == _JSON and message["type"] == _BODY:  # a JSON reply's body: kept, bounded
-            body = message.get("body", b"")
+        if mode == _JSON:
+            if message["type"] != _BODY:
+                return self._send(message)
+            body = message.get("body", b"")  # a JSON reply's body: kept, bounded
             if body:
                 self.json_bytes += len(body)
                 if self.json_bytes <= MAX_JSON_BYTES:
                     self.json_parts.append(body)
                 else:
                     self._too_large()
+            if message.get("more_body", False):
+                return self._send(message)
+            return self._final(message)
         else:
             try:
                 if mode == _WAITING and message["type"] == _START:
@@ -254,7 +259,7 @@ class _Call:
         await self._send(message)
 
     def _too_large(self) -> None:
-        self.facts.flag(names.GEN_AI_UNPARSABLE_TOO_LARGE)
+        self.flag(names.GEN_AI_UNPARSABLE_TOO_LARGE)
         self.json_parts = []
         self.mode = _PASS
 
@@ -289,37 +294,33 @@ class _Call:
             self.json_bytes = 0
             self.mode = _JSON
         else:
-            self.facts.flag(names.GEN_AI_UNPARSABLE_CONTENT_TYPE)
+            self.flag(names.GEN_AI_UNPARSABLE_CONTENT_TYPE)
             self.mode = _PASS
 
     def _head(self, body: bytes) -> None:
         """Read events until the first content event; then switch to the ring of references."""
         sse = self.sse
         assert sse is not None
-        facts = self.facts
         self.head_bytes += len(body)
         for data in sse.feed(body):
-            if update_from_event(self.operation, data, facts) and self.first_token_at is None:
+            if update_from_event(self.operation, data, self) and self.first_token_at is None:
                 self.first_token_at = now = time.perf_counter()
-                facts.content_started = True
+                self.content_started = True
                 span = self.span
                 if span is not None:
                     span.add_event(
                         names.SPAN_EVENT_GEN_AI_FIRST_TOKEN,
                         {names.ATTR_GEN_AI_TIME_TO_FIRST_TOKEN: now - self.started},
                     )
-        if facts.content_started or self.head_bytes > MAX_HEAD_BYTES:
+        if self.content_started or self.head_bytes > MAX_HEAD_BYTES:
             self.tail = deque(maxlen=TAIL_CHUNKS)
             self.mode = _TAIL
 
     # -- after the last byte -------------------------------------------------------------------------------
 
-    def read_reply(self) -> None:
-        """Read what was kept: the JSON document, or the stream's last events (called once, by _record)."""
-        facts = self.facts
-        if self.mode == _JSON:
-            facts_from_json(self.operation, b"".join(self.json_parts), facts)
-            return
+    def read_stream(self) -> None:
+        """Read what was kept of a streamed reply: its last events (called once, by _record, which reads a
+        JSON reply itself)."""
         sse = self.sse
         if sse is None:
             return
@@ -327,11 +328,11 @@ class _Call:
         if self.tail:
             truncated = self._read_tail(sse)
         if self.complete and truncated:
-            facts.flag(names.GEN_AI_UNPARSABLE_TRUNCATED)
+            self.flag(names.GEN_AI_UNPARSABLE_TRUNCATED)
         if sse.dropped:
-            facts.flag(names.GEN_AI_UNPARSABLE_TOO_LARGE)
-        if not facts.has_usage:
-            facts.flag(names.GEN_AI_UNPARSABLE_MISSING_USAGE)
+            self.flag(names.GEN_AI_UNPARSABLE_TOO_LARGE)
+        if not self.has_usage:
+            self.flag(names.GEN_AI_UNPARSABLE_MISSING_USAGE)
 
     def _read_tail(self, sse: SseEvents) -> bool:
         """Read the last ``TAIL_EVENTS`` events of what was kept, joining only the chunks they are in (never
@@ -339,7 +340,7 @@ class _Call:
         tail = self.tail
         assert tail is not None
         self.tail = None
-        operation, facts = self.operation, self.facts
+        operation = self.operation
         chunks = list(tail)
         trimmed = len(chunks) == tail.maxlen  # older chunks may have left the ring
         first = 0
@@ -348,7 +349,7 @@ class _Call:
             while first < len(chunks) and sse.pending:
                 for event in sse.feed(chunks[first]):
                     if _late_event(operation, event):
-                        update_from_event(operation, event, facts)
+                        update_from_event(operation, event, self)
                 first += 1
             if sse.pending:
                 return True
@@ -380,7 +381,7 @@ class _Call:
             if _late_event(operation, block):  # a byte search before any per-line work
                 payload = _event_data(block)
                 if payload is not None:
-                    update_from_event(operation, payload, facts)
+                    update_from_event(operation, payload, self)
         return bool(rest.strip())
 
     def outcome(self, error: BaseException | None) -> str:
@@ -510,7 +511,7 @@ class ModelCallMiddleware:
         server = self.server_name or STATE.server_name or ""
         model: str | None = None
         if self._label_model:
-            model = call.request_model or call.facts.response_model
+            model = call.request_model or call.response_model
             if model not in self.allowed_models:
                 model = names.GEN_AI_MODEL_OTHER
         key = (server, call.operation, model)
@@ -532,10 +533,17 @@ class ModelCallMiddleware:
     def _record(self, call: _Call, error: BaseException | None, instruments: Instruments) -> None:
         """Metrics and SERVER-span attributes of one call (once: after its last byte, else when it ended)."""
         call.recorded = True
-        ended = call.ended if call.complete else time.perf_counter()
-        outcome = call.outcome(error)
-        call.read_reply()
-        facts = call.facts
+        if call.complete:  # the usual call: its whole reply went out
+            ended = call.ended
+            outcome = names.GEN_AI_OUTCOME_OK if 0 < call.status < 400 else call.outcome(error)
+        else:
+            ended = time.perf_counter()
+            outcome = call.outcome(error)
+        if call.mode == _JSON:
+            parts = call.json_parts
+            facts_from_json(call.operation, parts[0] if len(parts) == 1 else b"".join(parts), call)
+        else:
+            call.read_stream()
         points = self._points_for(call, instruments)
         # Exemplars (one decision for the call) on the latency points, where a dashboard links a slow call to
         # its trace; the token and finish counts go without (the SERVER span carries them too).
@@ -551,26 +559,26 @@ class ModelCallMiddleware:
         if ok and call.first_token_at is not None:
             measurements.append((points.ttft, call.first_token_at - call.started, exemplar))
         tokens = points.tokens
-        count = facts.input_tokens
+        count = call.input_tokens
         if count is not None:
             measurements.append((tokens[0], count, None))
             attributes[names.ATTR_GEN_AI_USAGE_INPUT_TOKENS] = count
-        count = facts.output_tokens
+        count = call.output_tokens
         if count is not None:
             measurements.append((tokens[1], count, None))
             attributes[names.ATTR_GEN_AI_USAGE_OUTPUT_TOKENS] = count
-        if facts.reasoning_tokens is not None or facts.cached_input_tokens is not None:  # the rarer two
-            counts = (facts.reasoning_tokens, facts.cached_input_tokens)
+        if call.reasoning_tokens is not None or call.cached_input_tokens is not None:  # the rarer two
+            counts = (call.reasoning_tokens, call.cached_input_tokens)
             for point, key, count in zip(tokens[2:], TOKEN_SPAN_KEYS[2:], counts, strict=True):
                 if count is not None:
                     measurements.append((point, count, None))
                     attributes[key] = count
-        reasons = facts.finish_tuple()
+        reasons = call.finish_tuple()
         if reasons:  # normalised by genai: always of the fixed set
             for reason in reasons:
                 measurements.append((points.finishes[reason], 1, None))
             attributes[names.ATTR_GEN_AI_RESPONSE_FINISH_REASONS] = reasons
-        problem = facts.problem if ok else None
+        problem = call.problem if ok else None
         if problem is not None:
             measurements.append((points.unparsable[problem], 1, None))
         points.emit(measurements)
@@ -581,11 +589,10 @@ class ModelCallMiddleware:
             if problem is not None:
                 attributes[names.ATTR_GEN_AI_UNPARSABLE_REASON] = problem
             # the names: the request's (scanned), the reply's model and id; text a peer chose, so scrubbed
-            for key, value in (
-                (names.ATTR_GEN_AI_REQUEST_MODEL, call.request_model),
-                (names.ATTR_GEN_AI_RESPONSE_MODEL, facts.response_model),
-                (names.ATTR_GEN_AI_RESPONSE_ID, facts.response_id),
-            ):
-                if value is not None:
-                    attributes[key] = span_text(value)
+            if call.request_model is not None:
+                attributes[names.ATTR_GEN_AI_REQUEST_MODEL] = span_text(call.request_model)
+            if call.response_model is not None:
+                attributes[names.ATTR_GEN_AI_RESPONSE_MODEL] = span_text(call.response_model)
+            if call.response_id is not None:
+                attributes[names.ATTR_GEN_AI_RESPONSE_ID] = span_text(call.response_id)
             set_trusted_attributes(span, attributes)

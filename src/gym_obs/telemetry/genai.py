@@ -90,6 +90,8 @@ def dialect_for_path(path: str) -> str | None:
 
 def clean_name(value: object) -> str | None:
     """A model name or id fit for a span: a printable string of bounded length, else None."""
+    if type(value) is str and 0 < len(value) <= _MAX_NAME_CHARS:  # the usual case, in fewer steps
+        return value if value.isprintable() else None
     if not isinstance(value, str) or not value:
         return None
     if len(value) > _MAX_NAME_CHARS:
@@ -246,12 +248,19 @@ def _openai_usage(facts: ReplyFacts, usage: object, keys: tuple[str, str, str, s
         facts.flag(names.GEN_AI_UNPARSABLE_INVALID_USAGE)
         return
     input_key, output_key, input_details, output_details = keys
-    value = _count(facts, usage, input_key)
+    # the two counts every reply has, checked in place (what _count does, without its call)
+    value = usage.get(input_key)
     if value is not None:
-        facts.input_tokens = value
-    value = _count(facts, usage, output_key)
+        if type(value) is int and 0 <= value <= MAX_TOKENS:
+            facts.input_tokens = value
+        else:
+            facts.flag(names.GEN_AI_UNPARSABLE_INVALID_USAGE)
+    value = usage.get(output_key)
     if value is not None:
-        facts.output_tokens = value
+        if type(value) is int and 0 <= value <= MAX_TOKENS:
+            facts.output_tokens = value
+        else:
+            facts.flag(names.GEN_AI_UNPARSABLE_INVALID_USAGE)
     details = usage.get(input_details)
     if details is not None:
         value = _count(facts, details, "cached_tokens")
@@ -289,18 +298,19 @@ def _messages_usage(facts: ReplyFacts, usage: object) -> None:
 def _chat_choices(facts: ReplyFacts, choices: object) -> None:
     if type(choices) is not list:
         return
-    if len(choices) > _MAX_FINISH_REASONS:
-        choices = choices[:_MAX_FINISH_REASONS]
-    for position, choice in enumerate(choices):
-        reason = choice.get("finish_reason") if type(choice) is dict else None
-        if reason is not None:
-            index = choice.get("index")
-            facts.add_finish(
-                _CHAT_FINISH.get(reason, names.GEN_AI_FINISH_OTHER)
-                if type(reason) is str
-                else names.GEN_AI_FINISH_OTHER,
-                index if type(index) is int else position,
-            )
+    for position, choice in enumerate(
+        choices if len(choices) <= _MAX_FINISH_REASONS else choices[:_MAX_FINISH_REASONS]
+    ):
+        if type(choice) is dict:
+            reason = choice.get("finish_reason")
+            if reason is not None:
+                index = choice.get("index")
+                facts.add_finish(
+                    _CHAT_FINISH.get(reason, names.GEN_AI_FINISH_OTHER)
+                    if type(reason) is str
+                    else names.GEN_AI_FINISH_OTHER,
+                    index if type(index) is int else position,
+                )
 
 
 def _responses_object(facts: ReplyFacts, response: object) -> None:
