@@ -123,10 +123,22 @@ def model_from_request_body(body: bytes) -> str | None:
         at = body.find(_MODEL_KEY)
         if at < 0:
             return None
-        match = _MODEL_VALUE.match(body, at)
-        if match is None:
+        at += len(_MODEL_KEY)
+        # the two spellings JSON encoders write, in a few C calls; anything else (other spacing) by the regex
+        if body.startswith(b': "', at):
+            at += 3
+        elif body.startswith(b':"', at):
+            at += 2
+        else:
+            match = _MODEL_VALUE.match(body, at - len(_MODEL_KEY))
+            return None if match is None else clean_name(match.group(1).decode("utf-8", "replace"))
+        end = body.find(b'"', at, at + _MAX_NAME_CHARS + 1)
+        if end <= at:  # empty, or longer than a name
             return None
-        return clean_name(match.group(1).decode("utf-8", "replace"))
+        value = body[at:end]
+        if b"\\" in value:  # an escape: not a plain name (a control character fails clean_name)
+            return None
+        return clean_name(value.decode("utf-8", "replace"))
     except Exception:  # pragma: no cover - bytes.find/regex on bytes do not fail; defensive
         return None
 
