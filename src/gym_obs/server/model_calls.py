@@ -78,7 +78,7 @@ TAIL_EVENTS: Final = 16
 
 _START: Final = "http.response.start"
 _BODY: Final = "http.response.body"
-_CONTENT_TYPE: Final = b"content-type"
+_CONTENT_TYPE: Final = b"content-type"  # 12 bytes
 
 _WAITING, _JSON, _HEAD, _TAIL, _PASS = range(5)
 
@@ -281,21 +281,23 @@ class _Call(ReplyFacts):
             return
         content_type = b""
         for key, value in message.get("headers", ()):
-            if key == _CONTENT_TYPE or key.lower() == _CONTENT_TYPE:
-                content_type = value.lower()
+            # header names are lower case in ASGI; another case costs a lower() only for a name of this length
+            if key == _CONTENT_TYPE or (len(key) == 12 and key.lower() == _CONTENT_TYPE):
+                content_type = value
                 break
-        if content_type.startswith(b"text/event-stream"):
+        kind = _REPLY_KINDS.get(content_type) if type(content_type) is bytes else None
+        if kind is None:
+            kind = _reply_kind(content_type)
+        if kind == _HEAD:
             self.sse = SseEvents()
             self.head_bytes = 0
             self.tail = None
-            self.mode = _HEAD
-        elif b"json" in content_type:
+        elif kind == _JSON:
             self.json_parts = []
             self.json_bytes = 0
-            self.mode = _JSON
         else:
             self.flag(names.GEN_AI_UNPARSABLE_CONTENT_TYPE)
-            self.mode = _PASS
+        self.mode = kind
 
     def _head(self, body: bytes) -> None:
         """Read events until the first content event; then switch to the ring of references."""
@@ -398,6 +400,27 @@ class _Call(ReplyFacts):
         if self.status >= 400:
             return names.GEN_AI_OUTCOME_UPSTREAM_ERROR
         return names.GEN_AI_OUTCOME_OK
+
+
+#: A reply's content type -> how it is read (``_HEAD``: a stream, ``_JSON``, ``_PASS``: not read). The app's
+#: own header values, a handful; bounded all the same.
+_REPLY_KINDS: dict[bytes, int] = {}
+
+
+def _reply_kind(content_type: bytes) -> int:
+    """How a reply of ``content_type`` is read (remembered: three bytes calls cost more than a lookup)."""
+    lowered = content_type.lower()
+    if lowered.startswith(b"text/event-stream"):
+        kind = _HEAD
+    elif lowered.find(b"json") >= 0:  # not ``in``: on bytes it first tries the operand as an int (an error)
+        kind = _JSON
+    else:
+        kind = _PASS
+    if type(content_type) is bytes:
+        if len(_REPLY_KINDS) >= 64:
+            _REPLY_KINDS.clear()
+        _REPLY_KINDS[content_type] = kind
+    return kind
 
 
 def _event_data(block: bytes) -> bytes | None:

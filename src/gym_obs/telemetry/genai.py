@@ -72,8 +72,8 @@ _RESPONSES_START_EVENTS: Final = frozenset({"response.created", "response.in_pro
 #: The finish reasons of a single choice, one shared tuple per normalised reason.
 _ONE_FINISH: Final = {reason: (reason,) for reason in names.GEN_AI_FINISH_REASONS}
 
-_MODEL_KEY: Final = b'"model"'
-_MODEL_VALUE: Final = re.compile(rb'"model"\s*:\s*"([^"\\\x00-\x1f]{1,256})"')
+#: The first ``"model"`` key of a request, and its value when that is a plain string (else group 1 is None).
+_MODEL_VALUE: Final = re.compile(rb'"model"(?:\s*:\s*"([^"\\\x00-\x1f]{1,256})")?')
 
 
 def dialect_for_path(path: str) -> str | None:
@@ -102,6 +102,8 @@ def clean_name(value: object) -> str | None:
 # Scrubbed names and ids for spans (model names repeat; a scrub costs microseconds); cleared when full.
 _SCRUBBED: dict[str, str] = {}
 _MAX_SCRUBBED: Final = 1024
+# A request's raw model value -> its clean name ("" for none); bounded like _SCRUBBED.
+_REQUEST_MODELS: dict[bytes, str] = {}
 
 
 def span_text(value: str | None) -> str | None:
@@ -118,28 +120,21 @@ def span_text(value: str | None) -> str | None:
 
 
 def model_from_request_body(body: bytes) -> str | None:
-    """The request's ``"model": "..."`` (the first one in ``body``), without parsing the JSON document."""
+    """The request's ``"model": "..."`` (at the first ``"model"`` in ``body``), without parsing the JSON."""
     try:
-        at = body.find(_MODEL_KEY)
-        if at < 0:
+        match = _MODEL_VALUE.search(body)  # one C call: the first "model", with its value when it has one
+        if match is None:
             return None
-        at += len(_MODEL_KEY)
-        # the two spellings JSON encoders write, in a few C calls; anything else (other spacing) by the regex
-        if body.startswith(b': "', at):
-            at += 3
-        elif body.startswith(b':"', at):
-            at += 2
-        else:
-            match = _MODEL_VALUE.match(body, at - len(_MODEL_KEY))
-            return None if match is None else clean_name(match.group(1).decode("utf-8", "replace"))
-        end = body.find(b'"', at, at + _MAX_NAME_CHARS + 1)
-        if end <= at:  # empty, or longer than a name
+        raw = match.group(1)
+        if raw is None:
             return None
-        value = body[at:end]
-        if b"\\" in value:  # an escape: not a plain name (a control character fails clean_name)
-            return None
-        return clean_name(value.decode("utf-8", "replace"))
-    except Exception:  # pragma: no cover - bytes.find/regex on bytes do not fail; defensive
+        name = _REQUEST_MODELS.get(raw)
+        if name is None:  # model names repeat: decoded and checked once
+            if len(_REQUEST_MODELS) >= _MAX_SCRUBBED:
+                _REQUEST_MODELS.clear()
+            name = _REQUEST_MODELS[raw] = clean_name(raw.decode("utf-8", "replace")) or ""
+        return name or None
+    except Exception:  # pragma: no cover - a regex on bytes does not fail; defensive
         return None
 
 
