@@ -373,7 +373,7 @@ class _Call(ReplyFacts):
         if len(data) > limit:
             data = data[len(data) - limit :]
             trimmed = True
-        if b"\r" in data:
+        if data.find(b"\r") >= 0:
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         blocks = data.split(b"\n\n")  # one C call; the last piece is what follows the last event
         rest = blocks.pop()
@@ -450,13 +450,15 @@ def _late_event(operation: str, data: bytes) -> bool:
     """Whether an event after the first content may carry usage or a finish reason (parse only those)."""
     if operation == names.GEN_AI_OPERATION_CHAT:
         return _non_null_after(data, b'"usage"') or _non_null_after(data, b'"finish_reason"')
+    find = data.find  # not ``in``: on bytes it first tries its operand as an int (an exception each time)
     if operation == names.GEN_AI_OPERATION_RESPONSES:
         return (
-            b'"response.completed"' in data
-            or b'"response.incomplete"' in data
-            or (b'"response.failed"' in data or b'"error"' in data)
+            find(b'"response.completed"') >= 0
+            or find(b'"response.incomplete"') >= 0
+            or find(b'"response.failed"') >= 0
+            or find(b'"error"') >= 0
         )
-    return b"message_delta" in data or b'"error"' in data
+    return find(b"message_delta") >= 0 or find(b'"error"') >= 0
 
 
 def _is_disconnect(error: BaseException) -> bool:

@@ -438,7 +438,8 @@ class SseEvents:
             return done
         if self._after_cr and chunk.startswith(b"\n"):
             chunk = chunk[1:]  # the LF of a CRLF split across chunks: its line already ended
-        if b"\n" not in chunk and b"\r" not in chunk:
+        # find, not ``in``: on bytes ``in`` first tries its operand as an int (an exception each time)
+        if chunk.find(b"\n") < 0 and chunk.find(b"\r") < 0:
             # still inside one line: keep the piece (no copy) unless the line grew too long
             if not self._skipping:
                 self._partial.append(chunk)
@@ -449,7 +450,7 @@ class SseEvents:
         self._after_cr = chunk.endswith(b"\r")
         partial = self._partial
         buffer = b"".join((*partial, chunk)) if partial else chunk
-        if b"\r" in buffer:
+        if buffer.find(b"\r") >= 0:
             # CRLF and a lone CR end lines too
             buffer = buffer.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         lines = buffer.split(b"\n")
