@@ -24,7 +24,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, Final
 
 from opentelemetry.trace import Span, SpanKind
@@ -143,8 +143,8 @@ class _Call(ReplyFacts):
         "head_bytes",
         "json_bytes",
         "json_parts",
+        "layer",
         "mode",
-        "on_complete",
         "operation",
         "recorded",
         "request_model",
@@ -168,10 +168,10 @@ class _Call(ReplyFacts):
         receive: Receive,
         send: Send,
         span: Span | None,
-        on_complete: Callable[[_Call], None],
+        layer: ModelCallMiddleware,
     ) -> None:
         self.operation = operation
-        self.on_complete = on_complete
+        self.layer = layer  # told when the reply is out, under a span that ends with it (see _split)
         self._receive = receive
         self._send = send
         self.span = span
@@ -252,7 +252,7 @@ class _Call(ReplyFacts):
             await self._send({"type": _BODY, "body": body, "more_body": True})
             message = {"type": _BODY, "body": b"", "more_body": False}
         try:
-            self.on_complete(self)
+            self.layer._complete(self)
         except Exception:
             _internal_failure()
         self.mode = _PASS
@@ -512,7 +512,7 @@ class ModelCallMiddleware:
         if operation is None or instruments is None or not STATE.enabled:
             await self.app(scope, receive, send)
             return
-        call = _Call(operation, receive, send, _server_span(), self._complete)
+        call = _Call(operation, receive, send, _server_span(), self)
         error: BaseException | None = None
         try:
             await self.app(scope, call.receive, call.send)
