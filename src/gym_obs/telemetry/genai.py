@@ -104,20 +104,6 @@ _SCRUBBED: dict[str, str] = {}
 _MAX_SCRUBBED: Final = 1024
 # A request's raw model value -> its clean name ("" for none); bounded like _SCRUBBED.
 _REQUEST_MODELS: dict[bytes, str] = {}
-# A reply's model -> its clean name ("" for none): model names repeat (ids do not).
-_MODEL_NAMES: dict[str, str] = {}
-
-
-def _model_name(value: object) -> str | None:
-    """:func:`clean_name` of a reply's model, checked once per name."""
-    if type(value) is not str or len(value) > _MAX_NAME_CHARS:  # only a name's length is kept
-        return clean_name(value)
-    name = _MODEL_NAMES.get(value)
-    if name is None:
-        if len(_MODEL_NAMES) >= _MAX_SCRUBBED:
-            _MODEL_NAMES.clear()
-        name = _MODEL_NAMES[value] = clean_name(value) or ""
-    return name or None
 
 
 def span_text(value: str | None) -> str | None:
@@ -232,7 +218,7 @@ class ReplyFacts:
 
     def note_model(self, value: object) -> None:
         if self.response_model is None:
-            self.response_model = _model_name(value)
+            self.response_model = clean_name(value)
 
     def note_id(self, value: object) -> None:
         if self.response_id is None:
@@ -402,7 +388,7 @@ def facts_from_json(operation: str, body: bytes, facts: ReplyFacts | None = None
 def _identify(facts: ReplyFacts, reply: dict[str, Any]) -> None:
     """The reply's model and id (the first ones seen win)."""
     if facts.response_model is None:
-        facts.response_model = _model_name(reply.get("model"))
+        facts.response_model = clean_name(reply.get("model"))
     if facts.response_id is None:
         facts.response_id = clean_name(reply.get("id"))
 
