@@ -400,12 +400,19 @@ def test_an_unknown_server_type_is_a_config_error_naming_the_valid_ones() -> Non
 
 
 def _layer_names(app: Any) -> list[str]:
-    """The built stack, outermost first: the wrappers around the FastAPI app, then its own middlewares."""
+    """The built stack, outermost first: the wrappers around the FastAPI app, then its own middlewares
+    (the steps of the gym layers' one frame listed after it, in the order they run)."""
     found: list[str] = []
     while not isinstance(app, FastAPI):
         found.append(type(app).__name__)
         app = app.app
-    return [*found, "FastAPI", *(m.cls.__name__ for m in app.user_middleware)]  # type: ignore[attr-defined]
+    found.append("FastAPI")
+    for middleware in app.user_middleware:  # type: ignore[attr-defined]
+        found.append(middleware.cls.__name__)
+        if middleware.cls.__name__ == "RequestSteps":
+            steps = (middleware.kwargs.get(name) for name in ("sessions", "failures", "disconnect"))
+            found.extend(f"- {type(step).__name__}" for step in steps if step is not None)
+    return found
 
 
 def test_the_stack_is_built_in_the_declared_order(telemetry: Capture) -> None:
@@ -416,9 +423,10 @@ def test_the_stack_is_built_in_the_declared_order(telemetry: Capture) -> None:
         "PathContextMiddleware",
         "ServerSpanMiddleware",  # the native SERVER span wraps the FastAPI app's middlewares
         "FastAPI",
-        "SessionMiddleware",
-        "FailureReplyMiddleware",
-        "DisconnectCancelMiddleware",
+        "RequestSteps",  # sessions, failure reply and disconnect: steps of one frame, in this order
+        "- SessionLayer",
+        "- FailureReplies",
+        "- DisconnectWatch",
         "ModelCallMiddleware",
     ]
 
@@ -432,7 +440,8 @@ def test_servers_without_sessions_or_disconnect_cancellation_leave_those_layers_
         "InflightRoute",
         "PathContextMiddleware",
         "FastAPI",
-        "FailureReplyMiddleware",
+        "RequestSteps",
+        "- FailureReplies",
     ]
 
 

@@ -9,12 +9,17 @@ innermost layer first, as if each layer had wrapped ``send`` itself.
 
 The outermost gym layer (``_context``) creates the exchange and binds ``send``, so the layers inside get
 the shared wrapper and only look the exchange up. Cost per request: one small object and one ``send``
-wrapper for all the layers together.
+wrapper for all the layers together. The wrapper is a plain function returning the wrapped ``send``'s
+awaitable, not a coroutine of its own: every message of every request passes it.
+
+The exchange is also the request's failure-log holder (``failures.transport``): the failure layer makes it
+current, and the log is made only when a failure is recorded; the report header is added on the reply
+start only when there is one to report.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any, Final
 
 from starlette.types import Message, Send
@@ -40,6 +45,7 @@ class Exchange:
         "caller_gone",
         "failure_log",
         "final_report",
+        "report_hook",
         "response_started",
         "status",
     )
@@ -55,6 +61,9 @@ class Exchange:
         #: the failure layer's log of this request, and the report of the failure it replies with
         self.failure_log: RequestFailureLog | None = None
         self.final_report: FailureReport | None = None
+        #: the failure layer's start hook adding the report header: run after the other hooks (the
+        #: failure layer is the outermost that hooks), and only when there is a log or a final report
+        self.report_hook: StartHook | None = None
 
     @staticmethod
     def join(scope: MutableMapping[str, Any], send: Send) -> tuple[Exchange, Send]:
@@ -80,19 +89,24 @@ class Exchange:
             return send
         self._bound = True
 
-        async def exchange_send(message: Message) -> None:
+        def exchange_send(message: Message) -> Awaitable[None]:
             if message["type"] == "http.response.start":
                 self.status = message["status"]
                 if self.caller_gone:
-                    return  # the handler was cancelled for a caller that went away: nothing goes out
+                    return _nothing()  # the handler was cancelled for a caller that went away
                 self.response_started = True
                 hooks = self._hooks
                 if hooks is not None:
                     for hook in reversed(hooks):
                         message = hook(self, message)
+                report_hook = self.report_hook
+                if report_hook is not None and (
+                    self.failure_log is not None or self.final_report is not None
+                ):
+                    message = report_hook(self, message)
             elif self.caller_gone:
-                return
-            await send(message)
+                return _nothing()
+            return send(message)
 
         return exchange_send
 
@@ -102,3 +116,7 @@ class Exchange:
             self._hooks = [hook]
         else:
             self._hooks.append(hook)
+
+
+async def _nothing() -> None:
+    """What ``send`` awaits for a message dropped because the caller is gone."""
