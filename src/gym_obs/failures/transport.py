@@ -16,7 +16,7 @@ a ``.headers`` mapping, or the mapping itself.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar, Token
 from typing import Any, Final, Protocol
 
@@ -200,15 +200,13 @@ class request_failure_log:  # lower case: used like the function it replaced
         _CURRENT_LOG.reset(self._token)
 
 
-def enter_failure_log(holder: FailureLogHolder) -> Token[FailureLogHolder | None]:
-    """Make ``holder`` the current request's place for its failure log (one context-variable set; the
-    log is made on the first record); pass the token to :func:`leave_failure_log` when the request ends."""
-    return _CURRENT_LOG.set(holder)
-
-
-def leave_failure_log(token: Token[FailureLogHolder | None]) -> None:
-    """The request is over: its holder is no longer current."""
-    _CURRENT_LOG.reset(token)
+#: ``enter_failure_log(holder)``: make ``holder`` the current request's place for its failure log (the log
+#: is made on the first record); pass the token it returns to ``leave_failure_log`` when the request ends.
+#: The context variable's own methods: the server calls them on every request, a wrapper would double it.
+enter_failure_log: Final[Callable[[FailureLogHolder | None], Token[FailureLogHolder | None]]] = (
+    _CURRENT_LOG.set
+)
+leave_failure_log: Final[Callable[[Token[FailureLogHolder | None]], None]] = _CURRENT_LOG.reset
 
 
 def current_failure_log() -> RequestFailureLog | None:

@@ -200,16 +200,12 @@ class DisconnectWatch:
         self.watch_delay_s = watch_delay_s
         self._sweeper: _Sweeper | None = None
 
-    def _sweeper_for(self, task: asyncio.Task[Any]) -> _Sweeper:
-        sweeper = self._sweeper
-        if sweeper is None or sweeper.loop is not task.get_loop():
-            sweeper = self._sweeper = _Sweeper(task.get_loop(), self.watch_delay_s)
-        return sweeper
-
     def enter(self, task: asyncio.Task[Any], receive: Receive, exchange: Exchange) -> _Sweeper | None:
         """Under uvicorn, poll the request (then :meth:`_Sweeper.absorbs` and :meth:`_Sweeper.leave`
         around the app); ``None`` for another server: run the app under :meth:`watched`."""
-        sweeper = self._sweeper_for(task)
+        sweeper = self._sweeper
+        if sweeper is None or sweeper.loop is not task.get_loop():
+            sweeper = self._sweeper = _Sweeper(task.get_loop(), self.watch_delay_s)
         cycle = getattr(receive, "__self__", None)
         if type(getattr(cycle, "disconnected", None)) is not bool:
             return None
@@ -227,8 +223,10 @@ class DisconnectWatch:
         task: asyncio.Task[Any],
         exchange: Exchange,
     ) -> None:
-        """A server other than uvicorn: a watcher task reads ``receive`` once the request has aged."""
-        sweeper = self._sweeper_for(task)
+        """A server other than uvicorn (after :meth:`enter`): a watcher task reads ``receive`` once the
+        request has aged."""
+        sweeper = self._sweeper
+        assert sweeper is not None
         watch = _Watch(receive, task, exchange)
         sweeper.running.add(watch)
         sweeper.start()

@@ -40,8 +40,8 @@ class Exchange:
     """One request and its reply, as the gym layers see it (each field is written by one layer)."""
 
     __slots__ = (
-        "_bound",
         "_hooks",
+        "bound",
         "caller_gone",
         "failure_log",
         "final_report",
@@ -51,7 +51,8 @@ class Exchange:
     )
 
     def __init__(self) -> None:
-        self._bound = False
+        #: whether the request's ``send`` is already behind this exchange's wrapper (:meth:`bind`)
+        self.bound = False
         self._hooks: list[StartHook] | None = None
         self.response_started = False
         #: the reply's status (0 until the reply starts), for the SERVER span and its duration point
@@ -72,7 +73,7 @@ class Exchange:
         exchange: Exchange | None = scope.get(EXCHANGE_SCOPE_KEY)
         if exchange is None:
             exchange = scope[EXCHANGE_SCOPE_KEY] = Exchange()
-        elif exchange._bound:
+        elif exchange.bound:
             return exchange, send  # (the common case, without the call to bind)
         return exchange, exchange.bind(send)
 
@@ -85,9 +86,9 @@ class Exchange:
         (ASGI servers and middlewares close over it), and the scope holds the exchange, so a reference
         from here would make every request a reference cycle, left to the garbage collector.
         """
-        if self._bound:
+        if self.bound:
             return send
-        self._bound = True
+        self.bound = True
 
         def exchange_send(message: Message) -> Awaitable[None]:
             if message["type"] == "http.response.start":

@@ -19,7 +19,6 @@ by the same start hook that reports recovered failures on a success) into the he
 from __future__ import annotations
 
 import logging
-from contextvars import Token
 from typing import Any, Final
 
 import aiohttp
@@ -33,7 +32,6 @@ from gym_obs.failures.report import FailureReport, find_boundary_failure, rebuil
 from gym_obs.failures.transport import (
     FAILURE_REPORT_BODY_KEY,
     FAILURE_REPORT_HEADER,
-    FailureLogHolder,
     RequestFailureLog,
     encode_failure_report,
     enter_failure_log,
@@ -137,22 +135,6 @@ def _is_remote(event: NgFailureEvent) -> bool:
     return origin is not None and STATE.server_name is not None and origin != STATE.server_name
 
 
-def _add_report_header(exchange: Exchange, message: Message) -> Message:
-    """The start hook: ``X-NG-Failure-Report`` for the failure replied with, else for what was observed."""
-    report = exchange.final_report
-    if report is None:
-        log = exchange.failure_log
-        if log is None or not len(log):
-            return message
-        report = log.report()
-    value = encode_failure_report(report) if report is not None else ""
-    if not value:
-        return message
-    headers = [(k, v) for k, v in message.get("headers", ()) if k.lower() != _REPORT_HEADER]
-    headers.append((_REPORT_HEADER, value.encode("latin-1")))
-    return {**message, "headers": headers}
-
-
 class FailureReplies:
     """The failure-reply step: keeps the request's failure log, reports it on every reply, turns exceptions
     into failure replies.
@@ -171,11 +153,25 @@ class FailureReplies:
         self.restore_query = restore_query
 
     @staticmethod
-    def enter(exchange: Exchange) -> Token[FailureLogHolder | None]:
-        """The request starts: its exchange holds its failure log and reports it on the reply."""
-        exchange.report_hook = _add_report_header
-        return enter_failure_log(exchange)
+    def report_hook(exchange: Exchange, message: Message) -> Message:
+        """The exchange's start hook when there is a report (see ``_exchange``): ``X-NG-Failure-Report``
+        for the failure replied with, else for what was observed."""
+        report = exchange.final_report
+        if report is None:
+            log = exchange.failure_log
+            if log is None or not len(log):
+                return message
+            report = log.report()
+        value = encode_failure_report(report) if report is not None else ""
+        if not value:
+            return message
+        headers = [(k, v) for k, v in message.get("headers", ()) if k.lower() != _REPORT_HEADER]
+        headers.append((_REPORT_HEADER, value.encode("latin-1")))
+        return {**message, "headers": headers}
 
+    #: the request starts: its exchange holds its failure log (``enter(exchange) -> token``, the context
+    #: variable's own method; ``leave(token)`` when it ends)
+    enter = staticmethod(enter_failure_log)
     leave = staticmethod(leave_failure_log)
 
     @staticmethod

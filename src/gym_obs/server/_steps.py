@@ -18,9 +18,9 @@ import asyncio
 from contextvars import Token
 from typing import Any, Protocol
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gym_obs.server._exchange import Exchange
+from gym_obs.server._exchange import EXCHANGE_SCOPE_KEY, Exchange
 from gym_obs.server._instrumentation import restore_after_instrumentation
 
 __all__ = ["DisconnectStep", "FailureStep", "RequestSteps", "SessionStep"]
@@ -50,6 +50,9 @@ class FailureStep(Protocol):
     """``_failure_reply.FailureReplies``."""
 
     restore_query: bool
+
+    @staticmethod
+    def report_hook(exchange: Exchange, message: Message, /) -> Message: ...
 
     def enter(self, exchange: Exchange) -> Token[Any]: ...
 
@@ -107,14 +110,19 @@ class RequestSteps:
         if scope["type"] != "http":
             await self._not_http(scope, receive, send)
             return
-        exchange, send = Exchange.join(scope, send)
+        exchange: Exchange | None = scope.get(EXCHANGE_SCOPE_KEY)
+        if exchange is None or not exchange.bound:  # (bound by the context layer: the common case)
+            exchange, send = Exchange.join(scope, send)
         session: _Session | None = None
         sessions = self.sessions
         if sessions is not None and scope["path"] not in sessions.excluded_paths:
             session = sessions.open(scope, exchange)
             if session is None:
                 session, receive = await sessions.open_reading_body(scope, receive, exchange)
-        log_token = failures.enter(exchange) if failures is not None else None
+        log_token: Token[Any] | None = None
+        if failures is not None:
+            exchange.report_hook = failures.report_hook  # the exchange adds the report header
+            log_token = failures.enter(exchange)  # it holds the log, made on the first record
         try:
             disconnect = self.disconnect
             task = _current_task() if disconnect is not None else None

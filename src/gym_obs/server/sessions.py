@@ -375,7 +375,10 @@ class SessionLayer:
             wants_body = self.routing.json_field and scope["type"] == "http"
             if session_id is None and wants_body and _is_json(headers):
                 return None
-        return self._start(scope, session_id, exchange)
+        # (what ``_start`` does, inline: every request of a server with sessions passes here)
+        span = trace.get_current_span() if STATE.enabled else None
+        session = scope["session"] = RequestSession(session_id, self, span, exchange)
+        return session
 
     async def open_reading_body(
         self, scope: Scope, receive: Receive, exchange: Exchange | None = None
