@@ -404,6 +404,9 @@ def _layer_names(app: Any) -> list[str]:
     (the steps of the gym layers' one frame listed after it, in the order they run)."""
     found: list[str] = []
     while not isinstance(app, FastAPI):
+        control = getattr(app, "control", None)
+        if control is not None:  # the control routes, answered first in the context layer's frame
+            found.append(type(control).__name__)
         found.append(type(app).__name__)
         app = app.app
     found.append("FastAPI")

@@ -3,7 +3,8 @@
 Outermost first (``LAYER_ORDER``); why each sits where it does:
 
 - ``control``        gym's own control routes (``/_gym/inflight``): answered before anything else, from any
-                     worker, with no span, no session, no failure log
+                     worker, with no span, no session, no failure log (by the context layer's frame, first,
+                     when no owner routing sits between them)
 - ``owner_routing``  under several workers, forwards a session's request to the worker owning it; outside
                      all telemetry, so a forwarded request has its one SERVER span at the owner
 - ``context``        strips ``/ng-trace``/``/ng-rollout``, sets the rollout context, creates the request's

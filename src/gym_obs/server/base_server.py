@@ -40,7 +40,7 @@ from gym_obs.server._session_routing import (
 from gym_obs.server._span import add_server_span
 from gym_obs.server._stack import Install, build_stack
 from gym_obs.server._validation_log import log_validation_failures
-from gym_obs.server.inflight_route import inflight_route_for
+from gym_obs.server.inflight_route import InflightRoute, inflight_route_for
 from gym_obs.server.model_calls import install_model_calls
 from gym_obs.server.ops import nofile_needed, set_ulimit
 from gym_obs.server.sessions import (
@@ -253,9 +253,16 @@ class SimpleServer(BaseServer, abc.ABC):
         return build_stack(
             app,
             {
-                "control": self._control_routes,
+                # With nothing between them (no owner routing), the control routes are answered in the
+                # context layer's frame, first, as if outside it.
+                "control": self._control_routes if owner_routing is not None else None,
                 "owner_routing": owner_routing,
-                "context": lambda inner: PathContextMiddleware(inner, hide_query=hide_query),
+                "context": lambda inner: PathContextMiddleware(
+                    inner,
+                    hide_query=hide_query,
+                    control=self._control_routes(inner) if owner_routing is None else None,
+                    control_paths=InflightRoute.PATHS,
+                ),
                 "span": lambda inner: add_server_span(inner, instrumentation),
                 "sessions": sessions,
                 "failure_reply": FailureReplies(boundary=self.failure_boundary, restore_query=hide_query),
