@@ -107,7 +107,7 @@ def _config(server_type: str = "resources_servers", instrumentation: str | None 
             "telemetry": {"server_instrumentation": instrumentation},
             "servers": {
                 "demo": {"entrypoint": f"{__name__}:DemoServer", "server_type": server_type, "port": 24600}
-            }
+            },
         }
     )
 
@@ -506,3 +506,42 @@ async def test_a_request_leaves_no_reference_cycle_behind(telemetry: Capture) ->
         gc.enable()
     assert statuses == [200] * 20
     assert unreachable == 0
+
+
+async def test_a_failure_observed_first_in_a_spawned_task_or_a_thread_is_reported_on_the_reply() -> None:
+    # The request's failure log is made on the first record (most requests record none); a task the
+    # handler spawned, or the thread of a sync handler, may be where that happens, and the reply must still
+    # carry it (the log lives on the request's holder, which those share, not in their own context).
+    class Observing(DemoServer):
+        def setup_webserver(self) -> FastAPI:
+            app = super().setup_webserver()
+
+            @app.get("/in-task")
+            async def in_task() -> dict[str, bool]:
+                await asyncio.create_task(_observe("from a task"))
+                return {"ok": True}
+
+            @app.get("/in-thread")
+            def in_thread() -> dict[str, bool]:
+                observe_failure(NgFailureEvent("transport_timeout", "from a thread", boundary="model"))
+                return {"ok": True}
+
+            @app.get("/none")
+            async def none() -> dict[str, bool]:
+                return {"ok": True}
+
+            return app
+
+    async def _observe(reason: str) -> None:
+        observe_failure(NgFailureEvent("transport_timeout", reason, boundary="model"))
+
+    app = Observing("demo", _config()).build_app()
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+        for path, reason in (("/in-task", "from a task"), ("/in-thread", "from a thread")):
+            reply = await http.get(path)
+            assert reply.status_code == 200
+            report = decode_failure_report(reply.headers[names.FAILURE_REPORT_HEADER])
+            assert report.failure_id is None  # recovered: reported on a success
+            assert [record["failure_reason"] for record in report.events.values()] == [reason]
+        quiet = await http.get("/none")
+    assert quiet.status_code == 200 and names.FAILURE_REPORT_HEADER not in quiet.headers
