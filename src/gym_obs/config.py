@@ -47,7 +47,9 @@ class GlobalAIOHTTPAsyncClientConfig(_Strict):
     # Linux refuses TCP_KEEPIDLE/TCP_KEEPINTVL above 32767 s and TCP_KEEPCNT above 127 with EINVAL, which
     # would fail every connect for the whole retry budget: refused here, at config load.
     global_aiohttp_tcp_keepalive_idle_seconds: int = Field(default=60, gt=0, le=TCP_KEEPALIVE_MAX_SECONDS)
-    global_aiohttp_tcp_keepalive_interval_seconds: int = Field(default=10, gt=0, le=TCP_KEEPALIVE_MAX_SECONDS)
+    global_aiohttp_tcp_keepalive_interval_seconds: int = Field(
+        default=10, gt=0, le=TCP_KEEPALIVE_MAX_SECONDS
+    )
     global_aiohttp_tcp_keepalive_probes: int = Field(default=3, gt=0, le=TCP_KEEPALIVE_MAX_PROBES)
     global_aiohttp_client_request_debug: bool = False
     global_aiohttp_max_retry_seconds: float = Field(default=60.0, gt=0)

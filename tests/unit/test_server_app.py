@@ -107,7 +107,7 @@ def _config(server_type: str = "resources_servers", instrumentation: str | None 
             "telemetry": {"server_instrumentation": instrumentation},
             "servers": {
                 "demo": {"entrypoint": f"{__name__}:DemoServer", "server_type": server_type, "port": 24600}
-            },
+            }
         }
     )
 

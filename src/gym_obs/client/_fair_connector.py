@@ -146,10 +146,7 @@ class FairTCPConnector(aiohttp.TCPConnector):
             self._serve_queue()  # the promise is now an acquisition (or nothing): hand on what is left
 
     async def _create_connection(
-        self,
-        req: ClientRequest,
-        traces: list[Trace],
-        timeout: aiohttp.ClientTimeout,  # noqa: ASYNC109
+        self, req: ClientRequest, traces: list[Trace], timeout: aiohttp.ClientTimeout  # noqa: ASYNC109
     ) -> Any:
         proto = await super()._create_connection(req, traces, timeout)
         hook = self.on_connection_created

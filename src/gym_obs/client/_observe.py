@@ -144,21 +144,8 @@ class RequestObserver:
     """
 
     __slots__ = (
-        "attempts",
-        "dest",
-        "instruments",
-        "internal",
-        "label",
-        "method",
-        "model_call",
-        "name",
-        "rollout_id",
-        "server",
-        "span",
-        "start_ns",
-        "text",
-        "token",
-        "tracer",
+        "attempts", "dest", "instruments", "internal", "label", "method", "model_call", "name",
+        "rollout_id", "server", "span", "start_ns", "text", "token", "tracer",
     )
 
     def __init__(
@@ -220,11 +207,7 @@ class RequestObserver:
             inst.client_request_duration.record(
                 _perf_counter() - t0,
                 _POINT_ATTRS.get(
-                    self.label,
-                    dest.address,
-                    self.server,
-                    dest.port,
-                    status,
+                    self.label, dest.address, self.server, dest.port, status,
                     str(status) if status >= 400 else None,
                 ),
             )
@@ -371,14 +354,8 @@ class RequestObserver:
         if self.rollout_id is None:
             dest = self.dest
             attributes = _FINAL_ATTRS.get(
-                self.label,
-                dest.address,
-                self.server,
-                dest.port,
-                dest.url,
-                self._original_method(),
-                status,
-                error,
+                self.label, dest.address, self.server, dest.port, dest.url, self._original_method(),
+                status, error,
             )
         else:
             attributes = {**self._attributes(), names.ATTR_HTTP_RESPONSE_STATUS_CODE: status}

@@ -25,11 +25,7 @@ __all__ = ["REDIRECT_STATUSES", "follow_redirects"]
 REDIRECT_STATUSES: Final = frozenset({301, 302, 303, 307, 308})
 
 _PROPAGATION_HEADERS: Final = (
-    names.TRACEPARENT_HEADER,
-    "tracestate",
-    "baggage",
-    names.SESSION_HEADER,
-    names.ROLLOUT_ID_HEADER,
+    names.TRACEPARENT_HEADER, "tracestate", "baggage", names.SESSION_HEADER, names.ROLLOUT_ID_HEADER
 )
 _CREDENTIAL_HEADERS: Final = ("Authorization", "Cookie", "Proxy-Authorization")
 _REPLAYABLE_BODIES: Final = (bytes, bytearray, memoryview, str, dict, list, tuple)

@@ -177,17 +177,8 @@ async def request(
     allow_redirects = aiohttp_kwargs.pop("allow_redirects", True)
     max_redirects = aiohttp_kwargs.pop("max_redirects", DEFAULT_MAX_REDIRECTS)
     knobs = (
-        _internal,
-        _server_name,
-        _control,
-        _max_connection_retries,
-        _max_num_tries,
-        _resend_after_disconnect,
-        _retry_other_errors,
-        _read_body,
-        _route,
-        allow_redirects,
-        max_redirects,
+        _internal, _server_name, _control, _max_connection_retries, _max_num_tries,
+        _resend_after_disconnect, _retry_other_errors, _read_body, _route, allow_redirects, max_redirects,
     )
     if _on_transport_failure is None:
         try:

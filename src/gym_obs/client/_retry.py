@@ -186,6 +186,8 @@ class Policy:
         )
 
 
+
+
 @dataclass(slots=True)
 class Decision:
     """Re-send after ``backoff_s``, or stop (``exhausted_by`` names the limit that stopped it)."""
@@ -202,13 +204,7 @@ class RetryTracker:
     """Per-request retry bookkeeping: attempt and retry counts, failures by reason, the decisions."""
 
     __slots__ = (
-        "_conn_retries",
-        "_other_failures",
-        "attempts",
-        "destination",
-        "method",
-        "reasons",
-        "retries",
+        "_conn_retries", "_other_failures", "attempts", "destination", "method", "reasons", "retries"
     )
 
     def __init__(self, method: str, destination: str) -> None:

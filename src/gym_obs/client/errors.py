@@ -78,16 +78,8 @@ class ResponseError(aiohttp.ClientResponseError):
         headers = None if self.headers is None else list(self.headers.items())
         return (
             _restore_response_error,
-            (
-                type(self),
-                info.method,
-                str(info.url),
-                list(info.headers.items()),
-                self.status,
-                self.message,
-                headers,
-                self.response_content,
-            ),
+            (type(self), info.method, str(info.url), list(info.headers.items()), self.status, self.message,
+             headers, self.response_content),
         )
 
 

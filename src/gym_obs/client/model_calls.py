@@ -225,7 +225,6 @@ _WITH_REASON: Final = AttributeCache(
     *_BASE_KEYS, names.ATTR_GEN_AI_UNPARSABLE_REASON, max_entries=_MAX_CACHED
 )
 
-
 class _ModelCall:
     """One model call from request to end (see the module docstring); ends exactly once."""
 

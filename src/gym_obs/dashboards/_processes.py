@@ -135,7 +135,11 @@ def processes() -> dict[str, Any]:
         "Mean startup duration by server type",
         "From spawn to the first healthy readiness probe, averaged over the servers of each type this "
         "launcher started. The startup trace (gym.startup) shows each stage.",
-        [p.Target(f"{_sum_by(total, _SERVER_TYPE)} / {_sum_by(count, _SERVER_TYPE)}", _legend(_SERVER_TYPE))],
+        [
+            p.Target(
+                f"{_sum_by(total, _SERVER_TYPE)} / {_sum_by(count, _SERVER_TYPE)}", _legend(_SERVER_TYPE)
+            )
+        ],
         unit="s",
     )
     return board.build()

@@ -60,11 +60,7 @@ def bounded(text: str, limit: int) -> str:
 # Removed from every string a peer sends (and from details): C0 controls (ESC starts a terminal escape), DEL,
 # C1 controls (0x9b is a one-byte CSI), bidi overrides ("trojan source") and lone surrogates.
 _CONTROLS: Final = (
-    *range(0x00, 0x20),
-    0x7F,
-    *range(0x80, 0xA0),
-    *range(0x202A, 0x202F),
-    *range(0x2066, 0x206A),
+    *range(0x00, 0x20), 0x7F, *range(0x80, 0xA0), *range(0x202A, 0x202F), *range(0x2066, 0x206A),
     *range(0xD800, 0xE000),
 )
 _LINE_CONTROLS: Final[dict[int, None]] = dict.fromkeys(_CONTROLS)

@@ -48,24 +48,10 @@ _ID_ATTR = "_ng_event_id"
 _UNSET: Any = object()
 _EVENT_ATTRIBUTES = frozenset(
     {
-        "failure_kind",
-        "failure_reason",
-        "boundary",
-        "stage",
-        "http_status",
-        "details",
-        "event_id",
-        "cause_id",
-        "_cause_id",
-        "trace_id",
-        "span_id",
-        "rollout_id",
-        "server_name",
-        "timestamp",
+        "failure_kind", "failure_reason", "boundary", "stage", "http_status", "details", "event_id",
+        "cause_id", "_cause_id", "trace_id", "span_id", "rollout_id", "server_name", "timestamp",
         "skipped_causes",
-        "http_error",
-        "_observed",
-        "__notes__",
+        "http_error", "_observed", "__notes__",
     }
 )
 
@@ -210,17 +196,8 @@ class ForeignFailure(Exception):
         return f"{self.exception_type}: {self.message}" if self.message else self.exception_type
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (
-            _restore_foreign,
-            (
-                self.exception_type,
-                self.message,
-                self.event_id,
-                self.details,
-                self.skipped_causes,
-                picklable_cause(self.__cause__),
-            ),
-        )
+        return (_restore_foreign, (self.exception_type, self.message, self.event_id, self.details,
+                                   self.skipped_causes, picklable_cause(self.__cause__)))
 
     @classmethod
     def from_exception(cls, error: BaseException) -> ForeignFailure:

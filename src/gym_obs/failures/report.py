@@ -346,3 +346,4 @@ def _walk(error: BaseException | None) -> tuple[FailureReport, list[NgFailureEve
         failure_id=final.event_id, events=events, truncated=dropped > 0, dropped=min(dropped, MAX_SKIPPED)
     )
     return report, walker.gym
+

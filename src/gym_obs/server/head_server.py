@@ -51,7 +51,6 @@ _POLL_TIMEOUT_S: Final = 1.0
 _FAST_POLL_S: Final = 0.25  # until everything is ready: readiness is what callers wait on
 _SLOW_POLL_S: Final = 2.0
 
-
 @dataclass
 class _Instance:
     name: str

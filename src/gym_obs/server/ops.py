@@ -123,8 +123,9 @@ def set_ulimit(target_soft_limit: int = DEFAULT_NOFILE_TARGET, *, needed: int | 
         if candidate >= target_soft_limit:
             reason = f"raised the soft limit from {soft} to {after}"
             return UlimitResult(before, after, hard_value, target_soft_limit, True, reason, needed)
-        reason = f"raised the soft limit from {soft} to {after}, below the target {target_soft_limit}: " + (
-            f"the hard limit is {hard}" if candidate == wanted else "the platform's OPEN_MAX caps it"
+        reason = (
+            f"raised the soft limit from {soft} to {after}, below the target {target_soft_limit}: "
+            + (f"the hard limit is {hard}" if candidate == wanted else "the platform's OPEN_MAX caps it")
         )
         if after != -1 and after < need:
             _log.warning(

@@ -266,7 +266,9 @@ def span_links(span: ReadableSpan) -> tuple[Sequence[Link], int]:
     return bounded_items(getattr(span, "_links", None), lambda: (span.links, span.dropped_links))
 
 
-def bounded_items(raw: object, public: Callable[[], tuple[Sequence[Any], int]]) -> tuple[Sequence[Any], int]:
+def bounded_items(
+    raw: object, public: Callable[[], tuple[Sequence[Any], int]]
+) -> tuple[Sequence[Any], int]:
     """A span's events or links and their dropped count, read from the SDK's ``BoundedList`` itself (or
     the plain sequence a hand-built span holds): the public properties copy the list under a lock on
     every access, so ``public`` is called only for anything else."""

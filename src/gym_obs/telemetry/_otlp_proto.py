@@ -302,3 +302,4 @@ def _status(span: ReadableSpan) -> bytes:
     if code:
         body += bytes((0x18, code))
     return _field(b"\x7a", body)
+

@@ -83,7 +83,9 @@ class _Cleaner:
         if changed is None:
             return attributes
         return {
-            key: changed.get(key, value) for key, value in attributes.items() if changed.get(key) is not _DROP
+            key: changed.get(key, value)
+            for key, value in attributes.items()
+            if changed.get(key) is not _DROP
         }
 
 
@@ -137,9 +139,9 @@ def scrub_span(span: ReadableSpan, cleaner: _Cleaner | None = None) -> ReadableS
         parent=span.parent,
         resource=span.resource,
         # what did not change is passed as the SDK holds it, so its dropped counts travel on
-        attributes=getattr(span, "_attributes", attributes)
-        if attributes is original
-        else _counted(attributes, span.dropped_attributes),
+        attributes=getattr(span, "_attributes", attributes) if attributes is original else _counted(
+            attributes, span.dropped_attributes
+        ),
         events=getattr(span, "_events", span.events) if scrubbed_events is None else scrubbed_events,
         links=getattr(span, "_links", span.links),
         kind=span.kind,

@@ -173,6 +173,7 @@ class _JsonLinesFile:
                 self._file.close()
                 self._file = None
 
+
     def export(self, what: str, encode: Callable[[], bytes | None]) -> bool:
         """Write the line ``encode`` builds (``None``: nothing to write); never raises into the SDK (a
         failure, bad input included, is warned once and is False)."""

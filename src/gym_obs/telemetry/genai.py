@@ -234,10 +234,7 @@ def _count(facts: ReplyFacts, container: object, key: str) -> int | None:
 
 #: The OpenAI usage keys: (input, output, input details, output details), per dialect.
 _CHAT_USAGE: Final = (
-    "prompt_tokens",
-    "completion_tokens",
-    "prompt_tokens_details",
-    "completion_tokens_details",
+    "prompt_tokens", "completion_tokens", "prompt_tokens_details", "completion_tokens_details",
 )
 _RESPONSES_USAGE: Final = ("input_tokens", "output_tokens", "input_tokens_details", "output_tokens_details")
 

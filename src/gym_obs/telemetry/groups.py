@@ -122,7 +122,8 @@ def parse_span_groups(spec: str | None) -> SpanGroups:
 def _unknown_message(unknown: list[str]) -> str:
     shown = ", ".join(repr(name[:40]) for name in unknown[:5])
     return (
-        f"unknown span group {shown}; valid groups: {', '.join(GROUPS)}; valid presets: {', '.join(PRESETS)}"
+        f"unknown span group {shown}; valid groups: {', '.join(GROUPS)}; "
+        f"valid presets: {', '.join(PRESETS)}"
     )
 
 

@@ -129,55 +129,13 @@ METRIC_ROLLOUTS: Final = "gym.rollouts"
 
 # --- histogram bucket boundaries (seconds; the SDK's defaults are for milliseconds) ----------------------
 HTTP_DURATION_BUCKETS_S: Final = (
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    30.0,
-    60.0,
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 30.0, 60.0,
 )
 POOL_WAIT_BUCKETS_S: Final = (
-    0.0001,
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
+    0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )
 ROLLOUT_DURATION_BUCKETS_S: Final = (
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
-    60.0,
-    120.0,
-    300.0,
-    600.0,
-    1800.0,
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0,
 )
 
 HISTOGRAM_BUCKETS_S: Final = {
@@ -272,10 +230,7 @@ GEN_AI_TOKEN_OUTPUT: Final = "output"
 GEN_AI_TOKEN_REASONING: Final = "reasoning"
 GEN_AI_TOKEN_CACHED_INPUT: Final = "cached_input"
 GEN_AI_TOKEN_TYPES: Final = (
-    GEN_AI_TOKEN_INPUT,
-    GEN_AI_TOKEN_OUTPUT,
-    GEN_AI_TOKEN_REASONING,
-    GEN_AI_TOKEN_CACHED_INPUT,
+    GEN_AI_TOKEN_INPUT, GEN_AI_TOKEN_OUTPUT, GEN_AI_TOKEN_REASONING, GEN_AI_TOKEN_CACHED_INPUT,
 )
 
 # Finish reasons: the semconv output-message enum, plus ``other`` for anything a dialect adds.
@@ -286,12 +241,8 @@ GEN_AI_FINISH_CONTENT_FILTER: Final = "content_filter"
 GEN_AI_FINISH_ERROR: Final = "error"
 GEN_AI_FINISH_OTHER: Final = "other"
 GEN_AI_FINISH_REASONS: Final = (
-    GEN_AI_FINISH_STOP,
-    GEN_AI_FINISH_LENGTH,
-    GEN_AI_FINISH_TOOL_CALL,
-    GEN_AI_FINISH_CONTENT_FILTER,
-    GEN_AI_FINISH_ERROR,
-    GEN_AI_FINISH_OTHER,
+    GEN_AI_FINISH_STOP, GEN_AI_FINISH_LENGTH, GEN_AI_FINISH_TOOL_CALL, GEN_AI_FINISH_CONTENT_FILTER,
+    GEN_AI_FINISH_ERROR, GEN_AI_FINISH_OTHER,
 )
 
 GEN_AI_OUTCOME_OK: Final = "ok"
@@ -299,10 +250,7 @@ GEN_AI_OUTCOME_UPSTREAM_ERROR: Final = "upstream_error"  # the model server answ
 GEN_AI_OUTCOME_EXCEPTION: Final = "exception"
 GEN_AI_OUTCOME_CANCELLED: Final = "cancelled"  # the caller went away before the reply was complete
 GEN_AI_OUTCOMES: Final = (
-    GEN_AI_OUTCOME_OK,
-    GEN_AI_OUTCOME_UPSTREAM_ERROR,
-    GEN_AI_OUTCOME_EXCEPTION,
-    GEN_AI_OUTCOME_CANCELLED,
+    GEN_AI_OUTCOME_OK, GEN_AI_OUTCOME_UPSTREAM_ERROR, GEN_AI_OUTCOME_EXCEPTION, GEN_AI_OUTCOME_CANCELLED,
 )
 
 GEN_AI_MODEL_OTHER: Final = "other"  # a model name outside the configured allow-list, on metrics
@@ -314,12 +262,8 @@ GEN_AI_UNPARSABLE_INVALID_USAGE: Final = "invalid_usage"  # negative, non-intege
 GEN_AI_UNPARSABLE_TOO_LARGE: Final = "too_large"
 GEN_AI_UNPARSABLE_CONTENT_TYPE: Final = "content_type"  # neither JSON nor an event stream
 GEN_AI_UNPARSABLE_REASONS: Final = (
-    GEN_AI_UNPARSABLE_MALFORMED,
-    GEN_AI_UNPARSABLE_TRUNCATED,
-    GEN_AI_UNPARSABLE_MISSING_USAGE,
-    GEN_AI_UNPARSABLE_INVALID_USAGE,
-    GEN_AI_UNPARSABLE_TOO_LARGE,
-    GEN_AI_UNPARSABLE_CONTENT_TYPE,
+    GEN_AI_UNPARSABLE_MALFORMED, GEN_AI_UNPARSABLE_TRUNCATED, GEN_AI_UNPARSABLE_MISSING_USAGE,
+    GEN_AI_UNPARSABLE_INVALID_USAGE, GEN_AI_UNPARSABLE_TOO_LARGE, GEN_AI_UNPARSABLE_CONTENT_TYPE,
 )
 
 GEN_AI_ROUTE_CHAT: Final = "/v1/chat/completions"
@@ -338,54 +282,13 @@ METRIC_GEN_AI_SERVER_UNPARSABLE: Final = "gym.gen_ai.server.unparsable_replies"
 
 # Buckets: the GenAI semantic conventions' advisory boundaries.
 GEN_AI_DURATION_BUCKETS_S: Final = (
-    0.01,
-    0.02,
-    0.04,
-    0.08,
-    0.16,
-    0.32,
-    0.64,
-    1.28,
-    2.56,
-    5.12,
-    10.24,
-    20.48,
-    40.96,
-    81.92,
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
 )
 GEN_AI_TTFT_BUCKETS_S: Final = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
 )
 GEN_AI_TOKEN_BUCKETS: Final = (
-    1,
-    4,
-    16,
-    64,
-    256,
-    1024,
-    4096,
-    16384,
-    65536,
-    262144,
-    1048576,
-    4194304,
-    16777216,
-    67108864,
+    1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864,
 )
 GEN_AI_HISTOGRAM_BUCKETS: Final = {
     METRIC_GEN_AI_SERVER_REQUEST_DURATION: GEN_AI_DURATION_BUCKETS_S,
@@ -426,22 +329,7 @@ METRIC_CONCURRENCY_CANCELLED_WAITS: Final = "gym.concurrency.wait.cancelled"
 UNIT_PERMIT: Final = "{permit}"
 UNIT_WAIT: Final = "{wait}"
 CONCURRENCY_WAIT_BUCKETS_S: Final = (
-    0.0001,
-    0.001,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
-    60.0,
-    300.0,
+    0.0001, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 )
 # Process gauges (telemetry/resources.py); OS process semantic conventions (v1.2x+) where one exists.
 ENV_PROCESS_GAUGES: Final = "GYM_OBS_PROCESS_GAUGES"  # opt-in switch (1/0); explicit config beats it
@@ -467,19 +355,7 @@ UNIT_RATIO: Final = "{ratio}"
 UNIT_FILE_DESCRIPTOR: Final = "{file_descriptor}"
 UNIT_THREAD: Final = "{thread}"
 EVENT_LOOP_LAG_BUCKETS_S: Final = (
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )
 HISTOGRAM_BUCKETS_S.update(
     {
@@ -513,9 +389,7 @@ STARTUP_STAGE_INTERPRETER: Final = "interpreter_start"  # spawn -> gym_obs code 
 STARTUP_STAGE_APP_BUILD: Final = "app_build"  # telemetry set-up, setup_webserver(), the gym layers
 STARTUP_STAGE_UVICORN: Final = "uvicorn_start"  # app built -> lifespan startup complete (serving)
 STARTUP_LAUNCHER_STAGES: Final = (
-    STARTUP_STAGE_LOAD_CONFIG,
-    STARTUP_STAGE_START_HEAD,
-    STARTUP_STAGE_SPAWN_SERVERS,
+    STARTUP_STAGE_LOAD_CONFIG, STARTUP_STAGE_START_HEAD, STARTUP_STAGE_SPAWN_SERVERS,
     STARTUP_STAGE_WAIT_READY,
 )
 STARTUP_PROCESS_STAGES: Final = (STARTUP_STAGE_INTERPRETER, STARTUP_STAGE_APP_BUILD, STARTUP_STAGE_UVICORN)
@@ -532,24 +406,7 @@ ENV_STARTUP_SPAWNED_NS: Final = "GYM_OBS_STARTUP_SPAWNED_NS"
 LAUNCHER_SERVICE_NAME: Final = "launcher"  # service gym/launcher: `gym-obs serve` when it owns telemetry
 METRIC_SERVER_STARTUP_DURATION: Final = "gym.server.startup.duration"  # by gym.server.type
 SERVER_STARTUP_BUCKETS_S: Final = (
-    0.25,
-    0.5,
-    1.0,
-    2.0,
-    3.0,
-    5.0,
-    7.5,
-    10.0,
-    15.0,
-    20.0,
-    30.0,
-    45.0,
-    60.0,
-    90.0,
-    120.0,
-    180.0,
-    300.0,
-    600.0,
+    0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 300.0, 600.0,
 )
 HISTOGRAM_BUCKETS_S[METRIC_SERVER_STARTUP_DURATION] = SERVER_STARTUP_BUCKETS_S
 

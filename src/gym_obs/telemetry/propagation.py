@@ -103,14 +103,8 @@ def format_traceparent(trace_id: int, span_id: int, trace_flags: int) -> str:
     """The W3C ``traceparent`` value for a span context (every gym hop formats one: ``bytes.hex`` is about
     twice as fast as zero-padded ``format`` for 128 bits; ids out of range are formatted as they come)."""
     try:
-        return "-".join(
-            (
-                "00",
-                trace_id.to_bytes(16, "big").hex(),
-                span_id.to_bytes(8, "big").hex(),
-                _FLAGS_HEX[trace_flags],
-            )
-        )
+        return "-".join(("00", trace_id.to_bytes(16, "big").hex(), span_id.to_bytes(8, "big").hex(),
+                         _FLAGS_HEX[trace_flags]))
     except (OverflowError, IndexError):
         return f"00-{trace_id:032x}-{span_id:016x}-{trace_flags:02x}"
 

@@ -68,7 +68,6 @@ def is_secret_key(key: object) -> bool:
     """Whether a key names a secret (``session_secret``, ``api_key``, ``OPENAI_API_KEY``, …)."""
     return isinstance(key, str) and _SECRET_KEY.search(key) is not None
 
-
 # --- URLs ------------------------------------------------------------------------------------------------
 
 _SCHEME_CHARS: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+.-")
