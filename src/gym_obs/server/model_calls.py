@@ -222,10 +222,12 @@ class _Call(ReplyFacts):
             return self._final(message)
         else:
             try:
-                if mode == _WAITING and message["type"] == _START:
+                kind = message["type"]
+                if kind == _START:
                     self._start(message)
                     return self._send(message)
-                self._inspect(message)
+                if kind == _BODY and mode == _HEAD:
+                    self._head(message.get("body", b""))
             except Exception:
                 _internal_failure()
                 self.mode = _PASS
@@ -263,16 +265,6 @@ class _Call(ReplyFacts):
         self.json_parts = []
         self.mode = _PASS
 
-    def _inspect(self, message: Message) -> None:
-        kind = message["type"]
-        if kind == _START:
-            self._start(message)
-            return
-        if kind != _BODY:
-            return
-        if self.mode == _HEAD:
-            self._head(message.get("body", b""))
-
     def _start(self, message: Message) -> None:
         status = message.get("status", 200)
         self.status = status = status if type(status) is int else int(status)
@@ -289,12 +281,9 @@ class _Call(ReplyFacts):
         if kind is None:
             kind = _reply_kind(content_type)
         if kind == _HEAD:
-            self.sse = SseEvents()
-            self.head_bytes = 0
-            self.tail = None
+            self.sse, self.head_bytes, self.tail = SseEvents(), 0, None
         elif kind == _JSON:
-            self.json_parts = []
-            self.json_bytes = 0
+            self.json_parts, self.json_bytes = [], 0
         else:
             self.flag(names.GEN_AI_UNPARSABLE_CONTENT_TYPE)
         self.mode = kind
@@ -321,8 +310,7 @@ class _Call(ReplyFacts):
     # -- after the last byte -------------------------------------------------------------------------------
 
     def read_stream(self) -> None:
-        """Read what was kept of a streamed reply: its last events (called once, by _record, which reads a
-        JSON reply itself)."""
+        """Read what was kept of a streamed reply: its last events (called once, by _record)."""
         sse = self.sse
         if sse is None:
             return
@@ -402,20 +390,16 @@ class _Call(ReplyFacts):
         return names.GEN_AI_OUTCOME_OK
 
 
-#: A reply's content type -> how it is read (``_HEAD``: a stream, ``_JSON``, ``_PASS``: not read). The app's
-#: own header values, a handful; bounded all the same.
+#: A reply's content type -> how it is read (_HEAD: a stream, _JSON, _PASS: not); the app's own values.
 _REPLY_KINDS: dict[bytes, int] = {}
 
 
 def _reply_kind(content_type: bytes) -> int:
     """How a reply of ``content_type`` is read (remembered: three bytes calls cost more than a lookup)."""
-    lowered = content_type.lower()
+    lowered = content_type.lower()  # find, not ``in``: on bytes that first tries its operand as an int
+    kind = _PASS if lowered.find(b"json") < 0 else _JSON
     if lowered.startswith(b"text/event-stream"):
         kind = _HEAD
-    elif lowered.find(b"json") >= 0:  # not ``in``: on bytes it first tries the operand as an int (an error)
-        kind = _JSON
-    else:
-        kind = _PASS
     if type(content_type) is bytes:
         if len(_REPLY_KINDS) >= 64:
             _REPLY_KINDS.clear()
@@ -452,11 +436,8 @@ def _late_event(operation: str, data: bytes) -> bool:
         return _non_null_after(data, b'"usage"') or _non_null_after(data, b'"finish_reason"')
     find = data.find  # not ``in``: on bytes it first tries its operand as an int (an exception each time)
     if operation == names.GEN_AI_OPERATION_RESPONSES:
-        return (
-            find(b'"response.completed"') >= 0
-            or find(b'"response.incomplete"') >= 0
-            or find(b'"response.failed"') >= 0
-            or find(b'"error"') >= 0
+        return find(b'"response.completed"') >= 0 or find(b'"response.incomplete"') >= 0 or (
+            find(b'"response.failed"') >= 0 or find(b'"error"') >= 0
         )
     return find(b"message_delta") >= 0 or find(b'"error"') >= 0
 
@@ -564,14 +545,12 @@ class ModelCallMiddleware:
         else:
             ended = time.perf_counter()
             outcome = call.outcome(error)
-        if call.mode == _JSON:
-            parts = call.json_parts
-            facts_from_json(call.operation, parts[0] if len(parts) == 1 else b"".join(parts), call)
+        if call.mode == _JSON:  # (a one-part body is not copied by join)
+            facts_from_json(call.operation, b"".join(call.json_parts), call)
         else:
             call.read_stream()
         points = self._points_for(call, instruments)
-        # Exemplars (one decision for the call) on the latency points, where a dashboard links a slow call to
-        # its trace; the token and finish counts go without (the SERVER span carries them too).
+        # an exemplar (one decision per call) on the latency points only: the span carries the counts too
         pre = instruments.pre
         exemplar = pre.exemplar() if pre is not None else None
         measurements = [(points.duration[outcome], ended - call.started, exemplar)]

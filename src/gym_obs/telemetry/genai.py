@@ -591,12 +591,3 @@ def _messages_event(event: dict[str, Any], facts: ReplyFacts) -> bool:
     elif kind == "error":
         facts.add_finish(names.GEN_AI_FINISH_ERROR)
     return False
-
-
-#: Substrings of the events that can change the facts after content started (the rest are deltas).
-STREAM_TAIL_MARKERS: Final = (b"usage", b"finish_reason", b"stop_reason", b"response.", b'"error"')
-
-
-def is_tail_event(data: bytes) -> bool:
-    """Whether a late event may carry usage or a finish reason (cheap filter before parsing it)."""
-    return any(marker in data for marker in STREAM_TAIL_MARKERS)
