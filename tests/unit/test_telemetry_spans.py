@@ -8,12 +8,30 @@ from collections.abc import Generator
 import pytest
 from opentelemetry import trace
 from opentelemetry.metrics import NoOpMeter
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_ON,
+    DEFAULT_ON,
+    Decision,
+    ParentBased,
+    Sampler,
+    SamplingResult,
+    TraceIdRatioBased,
+)
 from opentelemetry.trace import INVALID_SPAN, SpanKind, StatusCode
 
 from gym_obs.telemetry import names
 from gym_obs.telemetry.metrics import Instruments, instruments_for
 from gym_obs.telemetry.redaction import REDACTED_USERINFO
-from gym_obs.telemetry.spans import client_span, current_ids, record_exception, set_span_error
+from gym_obs.telemetry.spans import (
+    client_span,
+    current_ids,
+    record_exception,
+    set_span_error,
+    start_trusted_span,
+)
 from gym_obs.telemetry.testing import Capture, capture_telemetry, telemetry_state
 
 STATE = telemetry_state()
@@ -244,3 +262,44 @@ async def test_cancelling_a_task_inside_nested_spans_ends_both_without_error(tel
         assert span.end_time is not None
         assert span.status.status_code is StatusCode.UNSET
         assert names.ATTR_ERROR_TYPE not in (span.attributes or {})
+
+
+class _AttributeReadingSampler(Sampler):
+    """A sampler that decides by an attribute (drops health checks): it must see the attributes at start."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict[str, object]] = []
+
+    def should_sample(  # type: ignore[override]
+        self, parent_context: object, trace_id: int, name: str, kind: object = None,
+        attributes: object = None, links: object = None, trace_state: object = None,
+    ) -> SamplingResult:
+        attrs = dict(attributes or {})  # type: ignore[call-overload]
+        self.seen.append(attrs)
+        drop = attrs.get(names.ATTR_URL_FULL) == "http://h/health"
+        return SamplingResult(Decision.DROP if drop else Decision.RECORD_AND_SAMPLE, attrs or None)
+
+    def get_description(self) -> str:
+        return "reads attributes"
+
+
+@pytest.mark.parametrize(
+    "sampler",
+    [DEFAULT_ON, ALWAYS_ON, ParentBased(TraceIdRatioBased(1.0)), _AttributeReadingSampler()],
+    ids=["parentbased_always_on", "always_on", "parentbased_ratio", "attribute_reading"],
+)
+def test_start_trusted_span_gives_the_span_what_start_span_would(sampler: Sampler) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=sampler)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    attrs: dict[str, str | int] = {names.ATTR_URL_FULL: "http://h/x", names.ATTR_SERVER_PORT: 8}
+    tracer.start_span("GET", None, SpanKind.CLIENT, attrs, start_time=5).end()
+    start_trusted_span(tracer, "GET", None, SpanKind.CLIENT, attrs, 5).end()
+    sdk_made, trusted = exporter.get_finished_spans()
+    assert trusted.attributes == sdk_made.attributes == attrs
+    assert (trusted.name, trusted.kind, trusted.start_time) == (sdk_made.name, sdk_made.kind, 5)
+    if isinstance(sampler, _AttributeReadingSampler):
+        assert sampler.seen == [attrs, attrs]  # a sampler that may read them still gets them at start
+        health = start_trusted_span(tracer, "GET", None, SpanKind.CLIENT, {names.ATTR_URL_FULL: "http://h/health"})
+        assert not health.is_recording()

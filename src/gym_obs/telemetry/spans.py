@@ -16,7 +16,9 @@ from typing import Final
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.attributes import BoundedAttributes
-from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace.sampling import ParentBased, StaticSampler, TraceIdRatioBased
+from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode, Tracer
 
 from gym_obs.telemetry import names
 from gym_obs.telemetry._state import STATE
@@ -24,7 +26,14 @@ from gym_obs.telemetry._types import AttributeValue
 from gym_obs.telemetry.bodies import bounded_excerpt
 from gym_obs.telemetry.redaction import redact_url, scrub_text
 
-__all__ = ["client_span", "current_ids", "record_exception", "set_span_error", "set_trusted_attributes"]
+__all__ = [
+    "client_span",
+    "current_ids",
+    "record_exception",
+    "set_span_error",
+    "set_trusted_attributes",
+    "start_trusted_span",
+]
 
 _EXCEPTION_MESSAGE_CHARS: Final = 1000
 _EXCEPTION_STACK_CHARS: Final = 4000
@@ -120,6 +129,66 @@ def set_trusted_attributes(span: Span, attributes: Mapping[str, AttributeValue])
         if getattr(span, "end_time", None) is not None:
             return  # the SDK would only log that the span has ended
         items.update(attributes)
+
+
+# The SDK samplers whose decision never reads a span's attributes (they only carry them over).
+_BLIND_SAMPLE_METHODS: Final = (StaticSampler.should_sample, TraceIdRatioBased.should_sample)
+_PARENT_BASED_DELEGATES: Final = (
+    "_root",
+    "_remote_parent_sampled",
+    "_remote_parent_not_sampled",
+    "_local_parent_sampled",
+    "_local_parent_not_sampled",
+)
+# The sampler last looked at, and whether it is attribute-blind (see _attribute_blind).
+_blind_checked: tuple[object, bool] = (None, False)
+
+
+def _is_blind(sampler: object, depth: int = 0) -> bool:
+    """Whether ``sampler`` decides without reading attributes: the SDK's static and ratio samplers, and
+    ``ParentBased`` over such samplers. A subclass that overrides ``should_sample`` (or any other sampler)
+    may read them, so it is not blind."""
+    method = getattr(type(sampler), "should_sample", None)
+    if method in _BLIND_SAMPLE_METHODS:
+        return True
+    if method is not ParentBased.should_sample or depth > 3:
+        return False
+    delegates = [getattr(sampler, name, None) for name in _PARENT_BASED_DELEGATES]
+    return all(d is not None and _is_blind(d, depth + 1) for d in delegates)
+
+
+def _attribute_blind(tracer: Tracer) -> bool:
+    global _blind_checked
+    sampler = getattr(tracer, "sampler", None)
+    checked, blind = _blind_checked
+    if sampler is not checked:
+        blind = sampler is not None and _is_blind(sampler)
+        _blind_checked = (sampler, blind)
+    return blind
+
+
+def start_trusted_span(
+    tracer: Tracer,
+    name: str,
+    context: Context | None,
+    kind: SpanKind,
+    attributes: Mapping[str, AttributeValue],
+    start_time: int | None = None,
+) -> Span:
+    """``tracer.start_span`` for a hot path whose ``attributes`` gym_obs built itself (valid and bounded,
+    as for :func:`set_trusted_attributes`).
+
+    The SDK cleans every attribute given at start (about 6 k instructions each); when the sampler cannot
+    look at them (the SDK's static, ratio and parent-based samplers), the span is started without them and
+    they are put in its store in one go, as ``gym_obs``' SERVER span does. A sampler that may read them
+    gets them at start, as before. (Span processors see the attributes from the span's end on, as they do
+    for the SERVER span.)
+    """
+    if not _attribute_blind(tracer):
+        return tracer.start_span(name, context, kind, attributes, start_time=start_time)
+    span = tracer.start_span(name, context, kind, start_time=start_time)
+    set_trusted_attributes(span, attributes)
+    return span
 
 
 def set_span_error(span: Span, error_type: str) -> None:
