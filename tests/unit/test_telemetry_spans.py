@@ -6,9 +6,10 @@ import asyncio
 from collections.abc import Generator
 
 import pytest
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.metrics import NoOpMeter
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import (
@@ -20,7 +21,15 @@ from opentelemetry.sdk.trace.sampling import (
     SamplingResult,
     TraceIdRatioBased,
 )
-from opentelemetry.trace import INVALID_SPAN, SpanKind, StatusCode
+from opentelemetry.trace import (
+    INVALID_SPAN,
+    NonRecordingSpan,
+    SpanContext,
+    SpanKind,
+    StatusCode,
+    TraceFlags,
+    TraceState,
+)
 
 from gym_obs.telemetry import names
 from gym_obs.telemetry.metrics import Instruments, instruments_for
@@ -283,23 +292,92 @@ class _AttributeReadingSampler(Sampler):
         return "reads attributes"
 
 
-@pytest.mark.parametrize(
-    "sampler",
-    [DEFAULT_ON, ALWAYS_ON, ParentBased(TraceIdRatioBased(1.0)), _AttributeReadingSampler()],
-    ids=["parentbased_always_on", "always_on", "parentbased_ratio", "attribute_reading"],
+class _StartRecorder(SpanProcessor):
+    """What span processors see at start: the span's attributes and the parent context given."""
+
+    def __init__(self) -> None:
+        self.started: list[tuple[dict[str, object], object]] = []
+
+    def on_start(self, span: object, parent_context: object = None) -> None:
+        if getattr(span, "name", None) == "GET":
+            self.started.append((dict(getattr(span, "attributes", None) or {}), parent_context))
+
+
+_REMOTE = SpanContext(
+    0x1234, 0x5678, is_remote=True, trace_flags=TraceFlags(0x03), trace_state=TraceState([("k", "v")])
 )
-def test_start_trusted_span_gives_the_span_what_start_span_would(sampler: Sampler) -> None:
-    exporter = InMemorySpanExporter()
+_PARENTS = {
+    "no_parent": lambda tracer: None,
+    "local_sampled": lambda tracer: trace.set_span_in_context(tracer.start_span("parent")),
+    "remote_sampled_random": lambda tracer: trace.set_span_in_context(NonRecordingSpan(_REMOTE)),
+    "remote_unsampled": lambda tracer: trace.set_span_in_context(
+        NonRecordingSpan(SpanContext(0x1234, 0x5678, is_remote=True, trace_flags=TraceFlags(0)))
+    ),
+    "current_local": "current",
+}
+_SAMPLERS = {
+    "parentbased_always_on": lambda: DEFAULT_ON,
+    "parentbased_ratio": lambda: ParentBased(TraceIdRatioBased(1.0)),
+    "always_on": lambda: ALWAYS_ON,
+    "parentbased_reading_child": lambda: ParentBased(
+        ALWAYS_ON, local_parent_sampled=_AttributeReadingSampler()
+    ),
+    "attribute_reading": _AttributeReadingSampler,
+}
+
+
+def _fields(span: ReadableSpan, new_trace: bool) -> tuple[object, ...]:
+    context = span.context
+    assert context is not None
+    return (
+        span.name, span.kind, span.parent, None if new_trace else context.trace_id, context.trace_flags,
+        context.trace_state,
+        context.is_remote, dict(span.attributes or {}), span.resource, span.instrumentation_scope,
+        span.start_time, span.end_time, span.status.status_code, list(span.events), list(span.links),
+    )
+
+
+@pytest.mark.parametrize("parent_case", list(_PARENTS))
+@pytest.mark.parametrize("sampler_case", list(_SAMPLERS))
+def test_start_trusted_span_makes_the_span_start_span_would(sampler_case: str, parent_case: str) -> None:
+    sampler = _SAMPLERS[sampler_case]()
+    exporter, recorder = InMemorySpanExporter(), _StartRecorder()
     provider = TracerProvider(sampler=sampler)
+    provider.add_span_processor(recorder)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracer = provider.get_tracer("test")
     attrs: dict[str, str | int] = {names.ATTR_URL_FULL: "http://h/x", names.ATTR_SERVER_PORT: 8}
-    tracer.start_span("GET", None, SpanKind.CLIENT, attrs, start_time=5).end()
-    start_trusted_span(tracer, "GET", None, SpanKind.CLIENT, attrs, 5).end()
-    sdk_made, trusted = exporter.get_finished_spans()
-    assert trusted.attributes == sdk_made.attributes == attrs
-    assert (trusted.name, trusted.kind, trusted.start_time) == (sdk_made.name, sdk_made.kind, 5)
+    make = _PARENTS[parent_case]
+    token = None
+    if make == "current":  # no context given: the current one is the parent
+        token = otel_context.attach(trace.set_span_in_context(tracer.start_span("parent")))
+        context = None
+    else:
+        context = make(tracer)  # type: ignore[operator]
+    try:
+        tracer.start_span("GET", context, SpanKind.CLIENT, attrs, start_time=5).end(end_time=7)
+        start_trusted_span(tracer, "GET", context, SpanKind.CLIENT, attrs, 5).end(end_time=7)
+    finally:
+        if token is not None:
+            otel_context.detach(token)
+    made = [span for span in exporter.get_finished_spans() if span.name == "GET"]
+    if not made:  # not sampled either way
+        assert parent_case == "remote_unsampled" and recorder.started == []
+        return
+    sdk_made, trusted = made
+    new_trace = parent_case == "no_parent"
+    assert _fields(trusted, new_trace) == _fields(sdk_made, new_trace)
+    assert dict(trusted.attributes or {}) == attrs
+    assert trusted.context is not None and sdk_made.context is not None
+    assert trusted.context.span_id != sdk_made.context.span_id
+    (sdk_started, sdk_parent), (trusted_started, trusted_parent) = recorder.started
+    assert trusted_parent is sdk_parent
+    assert sdk_started == attrs
+    # Processors see the attributes at start, except on the path for other attribute-blind samplers.
+    assert trusted_started in (attrs, {})
+    if sampler_case == "parentbased_always_on" and parent_case != "no_parent":
+        assert trusted_started == attrs
     if isinstance(sampler, _AttributeReadingSampler):
-        assert sampler.seen == [attrs, attrs]  # a sampler that may read them still gets them at start
-        health = start_trusted_span(tracer, "GET", None, SpanKind.CLIENT, {names.ATTR_URL_FULL: "http://h/health"})
-        assert not health.is_recording()
+        assert sampler.seen[-2:] == [attrs, attrs]  # a sampler that may read them still gets them at start
+        health = {names.ATTR_URL_FULL: "http://h/health"}
+        assert not start_trusted_span(tracer, "GET", context, SpanKind.CLIENT, health).is_recording()
