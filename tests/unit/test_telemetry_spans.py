@@ -9,7 +9,7 @@ import pytest
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.metrics import NoOpMeter
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import (
@@ -381,3 +381,17 @@ def test_start_trusted_span_makes_the_span_start_span_would(sampler_case: str, p
         assert sampler.seen[-2:] == [attrs, attrs]  # a sampler that may read them still gets them at start
         health = {names.ATTR_URL_FULL: "http://h/health"}
         assert not start_trusted_span(tracer, "GET", context, SpanKind.CLIENT, health).is_recording()
+
+
+@pytest.mark.parametrize("limits", [SpanLimits(max_attribute_length=4), SpanLimits(max_span_attributes=1)])
+def test_start_trusted_span_applies_span_limits_as_start_span_does(limits: SpanLimits) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(span_limits=limits)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    attrs: dict[str, str | int] = {names.ATTR_URL_FULL: "http://h/x", names.ATTR_SERVER_PORT: 8}
+    with tracer.start_as_current_span("parent"):
+        tracer.start_span("GET", None, SpanKind.CLIENT, attrs).end()
+        start_trusted_span(tracer, "GET", None, SpanKind.CLIENT, attrs).end()
+    sdk_made, trusted = (span for span in exporter.get_finished_spans() if span.name == "GET")
+    assert dict(trusted.attributes or {}) == dict(sdk_made.attributes or {}) != attrs

@@ -295,10 +295,12 @@ class RequestObserver:
         """The request got a reply: its status; 4xx/5xx make the span an error."""
         if self.tracer is None:
             return
-        if self.token is None and self.attempts <= 1:
-            self._write_at_once(status)
-            return
-        span = self.open()
+        if self.token is None:
+            if self.attempts <= 1:
+                self._write_at_once(status)
+                return
+            self._open()
+        span = self.span
         set_trusted_attributes(span, _STATUS_ATTRS.get(status))
         if status >= 400:
             set_span_error(span, str(status))

@@ -295,7 +295,16 @@ def _sampled_child(
         instrumentation_scope=sdk_tracer._instrumentation_scope,
         record_end_metrics=record_end_metrics,
     )
-    set_trusted_attributes(span, attributes)
+    # Nobody else holds the span before ``start``: the store takes the attributes without its lock, when
+    # its limits cannot change a value or drop one (else the public path, which applies them).
+    store: Any = span._attributes
+    items = getattr(store, "_dict", None)
+    maxlen = store.maxlen if type(store) is BoundedAttributes else None
+    fits = maxlen is not None and len(attributes) <= maxlen
+    if fits and type(items) is dict and store.max_value_len is None:
+        items.update(attributes)
+    else:
+        span.set_attributes(attributes)
     span.start(start_time=start_time, parent_context=context)
     return span
 
