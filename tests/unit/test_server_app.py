@@ -400,12 +400,22 @@ def test_an_unknown_server_type_is_a_config_error_naming_the_valid_ones() -> Non
 
 
 def _layer_names(app: Any) -> list[str]:
-    """The built stack, outermost first: the wrappers around the FastAPI app, then its own middlewares."""
+    """The built stack, outermost first: the wrappers around the FastAPI app, then its own middlewares
+    (the steps of the gym layers' one frame listed after it, in the order they run)."""
     found: list[str] = []
     while not isinstance(app, FastAPI):
+        control = getattr(app, "control", None)
+        if control is not None:  # the control routes, answered first in the context layer's frame
+            found.append(type(control).__name__)
         found.append(type(app).__name__)
         app = app.app
-    return [*found, "FastAPI", *(m.cls.__name__ for m in app.user_middleware)]  # type: ignore[attr-defined]
+    found.append("FastAPI")
+    for middleware in app.user_middleware:  # type: ignore[attr-defined]
+        found.append(middleware.cls.__name__)
+        if middleware.cls.__name__ == "RequestSteps":
+            steps = (middleware.kwargs.get(name) for name in ("sessions", "failures", "disconnect"))
+            found.extend(f"- {type(step).__name__}" for step in steps if step is not None)
+    return found
 
 
 def test_the_stack_is_built_in_the_declared_order(telemetry: Capture) -> None:
@@ -416,9 +426,10 @@ def test_the_stack_is_built_in_the_declared_order(telemetry: Capture) -> None:
         "PathContextMiddleware",
         "ServerSpanMiddleware",  # the native SERVER span wraps the FastAPI app's middlewares
         "FastAPI",
-        "SessionMiddleware",
-        "FailureReplyMiddleware",
-        "DisconnectCancelMiddleware",
+        "RequestSteps",  # sessions, failure reply and disconnect: steps of one frame, in this order
+        "- SessionLayer",
+        "- FailureReplies",
+        "- DisconnectWatch",
         "ModelCallMiddleware",
     ]
 
@@ -432,7 +443,8 @@ def test_servers_without_sessions_or_disconnect_cancellation_leave_those_layers_
         "InflightRoute",
         "PathContextMiddleware",
         "FastAPI",
-        "FailureReplyMiddleware",
+        "RequestSteps",
+        "- FailureReplies",
     ]
 
 
@@ -494,3 +506,42 @@ async def test_a_request_leaves_no_reference_cycle_behind(telemetry: Capture) ->
         gc.enable()
     assert statuses == [200] * 20
     assert unreachable == 0
+
+
+async def test_a_failure_observed_first_in_a_spawned_task_or_a_thread_is_reported_on_the_reply() -> None:
+    # The request's failure log is made on the first record (most requests record none); a task the
+    # handler spawned, or the thread of a sync handler, may be where that happens, and the reply must still
+    # carry it (the log lives on the request's holder, which those share, not in their own context).
+    class Observing(DemoServer):
+        def setup_webserver(self) -> FastAPI:
+            app = super().setup_webserver()
+
+            @app.get("/in-task")
+            async def in_task() -> dict[str, bool]:
+                await asyncio.create_task(_observe("from a task"))
+                return {"ok": True}
+
+            @app.get("/in-thread")
+            def in_thread() -> dict[str, bool]:
+                observe_failure(NgFailureEvent("transport_timeout", "from a thread", boundary="model"))
+                return {"ok": True}
+
+            @app.get("/none")
+            async def none() -> dict[str, bool]:
+                return {"ok": True}
+
+            return app
+
+    async def _observe(reason: str) -> None:
+        observe_failure(NgFailureEvent("transport_timeout", reason, boundary="model"))
+
+    app = Observing("demo", _config()).build_app()
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+        for path, reason in (("/in-task", "from a task"), ("/in-thread", "from a thread")):
+            reply = await http.get(path)
+            assert reply.status_code == 200
+            report = decode_failure_report(reply.headers[names.FAILURE_REPORT_HEADER])
+            assert report.failure_id is None  # recovered: reported on a success
+            assert [record["failure_reason"] for record in report.events.values()] == [reason]
+        quiet = await http.get("/none")
+    assert quiet.status_code == 200 and names.FAILURE_REPORT_HEADER not in quiet.headers

@@ -1,9 +1,12 @@
 """Failure reports across HTTP hops: the header codec, the per-request failure log and observation.
 
-A server keeps one :class:`RequestFailureLog` per request (a context variable, so tasks spawned by the
-handler share it). ``observe_failure`` records a failure where it is first seen — a retry may still recover
-from it — and counts it once (``gym.failure.events`` plus an ``exception`` span event). ``observe_reply``
-merges reports forwarded by other gym servers without counting them again. At reply time the server sends
+A server keeps one :class:`RequestFailureLog` per request: a context variable holds the request's
+*holder* (anything with a ``failure_log`` attribute; the server's per-request exchange), so tasks spawned by
+the handler and threads it runs share it, and the log itself is only made when a failure is first recorded
+(most requests record none and pay for no log). ``observe_failure`` records a failure where it is first
+seen — a retry may still recover from it — and counts it once (``gym.failure.events`` plus an
+``exception`` span event). ``observe_reply`` merges reports forwarded by other gym servers without counting
+them again. At reply time the server sends
 the log's report around its final failure (``log.report_around(observe_failure(error))``: the chain walked
 once) encoded in the ``X-NG-Failure-Report`` header (and, for an unhandled error, as
 ``{"ng_failure_report": payload}`` in the JSON body). No aiohttp or FastAPI here: a reply is anything with
@@ -13,9 +16,9 @@ a ``.headers`` mapping, or the mapping itself.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from contextvars import ContextVar
-from typing import Any, Final
+from collections.abc import Callable, Mapping
+from contextvars import ContextVar, Token
+from typing import Any, Final, Protocol
 
 from opentelemetry import trace
 
@@ -36,10 +39,13 @@ __all__ = [
     "FAILURE_REPORT_BODY_KEY",
     "FAILURE_REPORT_HEADER",
     "MAX_HEADER_CHARS",
+    "FailureLogHolder",
     "RequestFailureLog",
     "current_failure_log",
     "decode_failure_report",
     "encode_failure_report",
+    "enter_failure_log",
+    "leave_failure_log",
     "observe_failure",
     "observe_reply",
     "report_from_reply_header",
@@ -55,7 +61,14 @@ MAX_HEADER_CHARS: Final = MAX_MAX_BYTES
 _log = logging.getLogger("gym_obs.failures")
 _warned_invalid = False
 
-_CURRENT_LOG: ContextVar[RequestFailureLog | None] = ContextVar("gym_obs_failure_log", default=None)
+
+class FailureLogHolder(Protocol):
+    """Where one request keeps its failure log: ``None`` until a failure is recorded."""
+
+    failure_log: RequestFailureLog | None
+
+
+_CURRENT_LOG: ContextVar[FailureLogHolder | None] = ContextVar("gym_obs_failure_log", default=None)
 
 
 def encode_failure_report(report: FailureReport, max_bytes: int = 4096) -> str:
@@ -166,28 +179,45 @@ def _join_fitting(
 
 
 class request_failure_log:  # lower case: used like the function it replaced
-    """Make a fresh log current for the duration of one request (the server middleware uses this).
+    """Make a fresh log current for the duration of one request (outside the server: the harness, tests).
 
-    A class rather than a ``@contextmanager`` generator: it runs once per request on every gym server,
-    and the generator machinery costs more than the log itself.
+    A class rather than a ``@contextmanager`` generator: the generator machinery costs more than the log.
+    It is its own holder; the server's layer uses :func:`enter_failure_log` with the request's exchange,
+    which makes the log only when a failure is recorded.
     """
 
-    __slots__ = ("_token", "log")
+    __slots__ = ("_token", "failure_log")
 
     def __init__(self) -> None:
-        self.log = RequestFailureLog()
+        self.failure_log: RequestFailureLog | None = RequestFailureLog()
 
     def __enter__(self) -> RequestFailureLog:
-        self._token = _CURRENT_LOG.set(self.log)
-        return self.log
+        self._token = _CURRENT_LOG.set(self)
+        assert self.failure_log is not None
+        return self.failure_log
 
     def __exit__(self, *_exc: object) -> None:
         _CURRENT_LOG.reset(self._token)
 
 
+#: ``enter_failure_log(holder)``: make ``holder`` the current request's place for its failure log (the log
+#: is made on the first record); pass the token it returns to ``leave_failure_log`` when the request ends.
+#: The context variable's own methods: the server calls them on every request, a wrapper would double it.
+enter_failure_log: Final[Callable[[FailureLogHolder | None], Token[FailureLogHolder | None]]] = (
+    _CURRENT_LOG.set
+)
+leave_failure_log: Final[Callable[[Token[FailureLogHolder | None]], None]] = _CURRENT_LOG.reset
+
+
 def current_failure_log() -> RequestFailureLog | None:
-    """The log of the request being handled, if any."""
-    return _CURRENT_LOG.get()
+    """The log of the request being handled (made now if it recorded nothing yet); ``None`` outside one."""
+    holder = _CURRENT_LOG.get()
+    if holder is None:
+        return None
+    log = holder.failure_log
+    if log is None:
+        log = holder.failure_log = RequestFailureLog()
+    return log
 
 
 def observe_failure(error: BaseException) -> FailureReport:
@@ -205,9 +235,10 @@ def observe_failure(error: BaseException) -> FailureReport:
         if not event._observed:
             event._observed = True
             _count(event)
-    log = _CURRENT_LOG.get()
-    if log is not None:
-        log.merge(report)
+    if report.events or report.dropped:  # (an empty report records nothing: no log is made for it)
+        log = current_failure_log()
+        if log is not None:
+            log.merge(report)
     return report
 
 
@@ -234,7 +265,7 @@ def observe_reply(reply: object) -> FailureReport | None:
     """
     report = report_from_reply_header(reply)
     if report is not None:
-        log = _CURRENT_LOG.get()
+        log = current_failure_log()
         if log is not None:
             log.merge(report)
     return report

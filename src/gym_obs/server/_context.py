@@ -10,6 +10,7 @@ The native span (``_span``) never reads the query, so nothing is hidden for it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Final
 from urllib.parse import unquote
 
@@ -53,16 +54,32 @@ class PathContextMiddleware:
     ``hide_query``: with telemetry on, hide the query string (and a secret-looking User-Agent) from the
     SERVER-span instrumentation inside; only for stacks where ``FailureReplyMiddleware`` runs inside the
     instrumentation and gives them back (``SimpleServer`` builds exactly that).
+
+    ``control``: the app answering gym's control routes (``control_paths``, HTTP), asked before anything
+    else; ``SimpleServer`` runs its control layer here when no other layer sits between the two (one
+    frame less per request), the same as wrapping this layer in it.
     """
 
-    def __init__(self, app: ASGIApp, *, hide_query: bool = False) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        hide_query: bool = False,
+        control: ASGIApp | None = None,
+        control_paths: Iterable[str] = (),
+    ) -> None:
         self.app = app
         self.hide_query = hide_query
+        self.control = control
+        self.control_paths = frozenset(control_paths) if control is not None else frozenset()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind != "http" and kind != "websocket":
             await self.app(scope, receive, send)
+            return
+        if kind == "http" and scope["path"] in self.control_paths and self.control is not None:
+            await self.control(scope, receive, send)
             return
         scope[NATIVE_TELEMETRY_SCOPE_KEY] = None
         exchange = scope[EXCHANGE_SCOPE_KEY] = Exchange()

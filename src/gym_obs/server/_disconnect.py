@@ -2,7 +2,9 @@
 
 uvicorn only marks a request as disconnected; the handler keeps running (a rollout step, a model call)
 for a caller that will never read the answer. This pure ASGI middleware cancels the handler's task when
-the client disconnects before the response starts, and drops anything the handler sends afterwards.
+the client disconnects before the response starts, and drops anything the handler sends afterwards. It is
+a step (``DisconnectWatch``) of the gym layers' one frame (``_steps``), innermost;
+``DisconnectCancelMiddleware`` runs it on its own.
 
 One sweeper task per event loop (alive only while requests are in flight) looks at the running requests
 every ``watch_delay_s``. Under uvicorn (``receive`` is its request cycle's, which keeps ``disconnected``
@@ -29,9 +31,10 @@ from typing import Any, Final
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gym_obs.server._exchange import EXCHANGE_SCOPE_KEY, Exchange
+from gym_obs.server._exchange import Exchange
+from gym_obs.server._steps import RequestSteps
 
-__all__ = ["DEFAULT_WATCH_DELAY_S", "DisconnectCancelMiddleware"]
+__all__ = ["DEFAULT_WATCH_DELAY_S", "DisconnectCancelMiddleware", "DisconnectWatch"]
 
 DEFAULT_WATCH_DELAY_S: Final = 0.02
 _DISCONNECT: Final[Message] = {"type": "http.disconnect"}
@@ -174,52 +177,61 @@ class _Sweeper:
         finally:
             self.task = None
 
+    def absorbs(self, task: asyncio.Task[Any], scope: Scope) -> bool:
+        """For a ``CancelledError`` out of a polled request's app: True when it is this layer's own
+        disconnect cancellation alone (swallow it)."""
+        return task in self.cancelled and _absorbed(task, self.cancelled, scope)
 
-class DisconnectCancelMiddleware:
-    """Cancel the handler when the client disconnects before the response starts (pure ASGI)."""
+    def leave(self, task: asyncio.Task[Any]) -> None:
+        """A polled request is over."""
+        self.polled.pop(task, None)  # (pop: a re-entered layer may have removed it already)
+        if self.cancelled and task in self.cancelled:  # (empty, hence false, but on a disconnect)
+            self.cancelled.discard(task)
+            task.uncancel()  # the handler swallowed our cancellation: undo it
 
-    def __init__(self, app: ASGIApp, *, watch_delay_s: float = DEFAULT_WATCH_DELAY_S) -> None:
-        self.app = app
+
+class DisconnectWatch:
+    """The disconnect step of one server: cancel the handler when the client disconnects before the
+    response starts."""
+
+    __slots__ = ("_sweeper", "watch_delay_s")
+
+    def __init__(self, *, watch_delay_s: float = DEFAULT_WATCH_DELAY_S) -> None:
         self.watch_delay_s = watch_delay_s
         self._sweeper: _Sweeper | None = None
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        task = asyncio.current_task() if scope["type"] == "http" else None
-        if task is None:
-            await self.app(scope, receive, send)
-            return
+    def enter(self, task: asyncio.Task[Any], receive: Receive, exchange: Exchange) -> _Sweeper | None:
+        """Under uvicorn, poll the request (then :meth:`_Sweeper.absorbs` and :meth:`_Sweeper.leave`
+        around the app); ``None`` for another server: run the app under :meth:`watched`."""
         sweeper = self._sweeper
         if sweeper is None or sweeper.loop is not task.get_loop():
             sweeper = self._sweeper = _Sweeper(task.get_loop(), self.watch_delay_s)
         cycle = getattr(receive, "__self__", None)
         if type(getattr(cycle, "disconnected", None)) is not bool:
-            await self._watched(scope, receive, send, task, sweeper)
-            return
-        polled = sweeper.polled
-        polled[task] = (cycle, scope.get(EXCHANGE_SCOPE_KEY))
+            return None
+        sweeper.polled[task] = (cycle, exchange)
         if sweeper.task is None:
             sweeper.start()
-        try:
-            await self.app(scope, receive, send)
-        except asyncio.CancelledError:
-            if task not in sweeper.cancelled or not _absorbed(task, sweeper.cancelled, scope):
-                raise
-        finally:
-            polled.pop(task, None)  # (pop: a re-entered layer may have removed it already)
-            if sweeper.cancelled and task in sweeper.cancelled:  # (empty, hence false, but on a disconnect)
-                sweeper.cancelled.discard(task)
-                task.uncancel()  # the handler swallowed our cancellation: undo it
+        return sweeper
 
-    async def _watched(
-        self, scope: Scope, receive: Receive, send: Send, task: asyncio.Task[Any], sweeper: _Sweeper
+    async def watched(
+        self,
+        app: ASGIApp,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        task: asyncio.Task[Any],
+        exchange: Exchange,
     ) -> None:
-        """A server other than uvicorn: a watcher task reads ``receive`` once the request has aged."""
-        exchange, send = Exchange.join(scope, send)  # its send drops messages once the caller is gone
+        """A server other than uvicorn (after :meth:`enter`): a watcher task reads ``receive`` once the
+        request has aged."""
+        sweeper = self._sweeper
+        assert sweeper is not None
         watch = _Watch(receive, task, exchange)
         sweeper.running.add(watch)
         sweeper.start()
         try:
-            await self.app(scope, watch.receive, send)
+            await app(scope, watch.receive, send)
         except asyncio.CancelledError:
             if not watch.cancelled_by_us:
                 raise
@@ -233,6 +245,15 @@ class DisconnectCancelMiddleware:
             if watch.cancelled_by_us:  # the handler swallowed our cancellation: undo it
                 watch.cancelled_by_us = False
                 watch.task.uncancel()
+
+
+class DisconnectCancelMiddleware(RequestSteps):
+    """:class:`DisconnectWatch` as a pure ASGI middleware of its own (``SimpleServer`` runs it as a step)."""
+
+    __slots__ = ()
+
+    def __init__(self, app: ASGIApp, *, watch_delay_s: float = DEFAULT_WATCH_DELAY_S) -> None:
+        super().__init__(app, disconnect=DisconnectWatch(watch_delay_s=watch_delay_s))
 
 
 def _absorbed(task: asyncio.Task[Any], cancelled: set[asyncio.Task[Any]] | None, scope: Scope) -> bool:

@@ -9,12 +9,17 @@ innermost layer first, as if each layer had wrapped ``send`` itself.
 
 The outermost gym layer (``_context``) creates the exchange and binds ``send``, so the layers inside get
 the shared wrapper and only look the exchange up. Cost per request: one small object and one ``send``
-wrapper for all the layers together.
+wrapper for all the layers together. The wrapper is a plain function returning the wrapped ``send``'s
+awaitable, not a coroutine of its own: every message of every request passes it.
+
+The exchange is also the request's failure-log holder (``failures.transport``): the failure layer makes it
+current, and the log is made only when a failure is recorded; the report header is added on the reply
+start only when there is one to report.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any, Final
 
 from starlette.types import Message, Send
@@ -35,17 +40,19 @@ class Exchange:
     """One request and its reply, as the gym layers see it (each field is written by one layer)."""
 
     __slots__ = (
-        "_bound",
         "_hooks",
+        "bound",
         "caller_gone",
         "failure_log",
         "final_report",
+        "report_hook",
         "response_started",
         "status",
     )
 
     def __init__(self) -> None:
-        self._bound = False
+        #: whether the request's ``send`` is already behind this exchange's wrapper (:meth:`bind`)
+        self.bound = False
         self._hooks: list[StartHook] | None = None
         self.response_started = False
         #: the reply's status (0 until the reply starts), for the SERVER span and its duration point
@@ -55,6 +62,9 @@ class Exchange:
         #: the failure layer's log of this request, and the report of the failure it replies with
         self.failure_log: RequestFailureLog | None = None
         self.final_report: FailureReport | None = None
+        #: the failure layer's start hook adding the report header: run after the other hooks (the
+        #: failure layer is the outermost that hooks), and only when there is a log or a final report
+        self.report_hook: StartHook | None = None
 
     @staticmethod
     def join(scope: MutableMapping[str, Any], send: Send) -> tuple[Exchange, Send]:
@@ -63,7 +73,7 @@ class Exchange:
         exchange: Exchange | None = scope.get(EXCHANGE_SCOPE_KEY)
         if exchange is None:
             exchange = scope[EXCHANGE_SCOPE_KEY] = Exchange()
-        elif exchange._bound:
+        elif exchange.bound:
             return exchange, send  # (the common case, without the call to bind)
         return exchange, exchange.bind(send)
 
@@ -76,23 +86,28 @@ class Exchange:
         (ASGI servers and middlewares close over it), and the scope holds the exchange, so a reference
         from here would make every request a reference cycle, left to the garbage collector.
         """
-        if self._bound:
+        if self.bound:
             return send
-        self._bound = True
+        self.bound = True
 
-        async def exchange_send(message: Message) -> None:
+        def exchange_send(message: Message) -> Awaitable[None]:
             if message["type"] == "http.response.start":
                 self.status = message["status"]
                 if self.caller_gone:
-                    return  # the handler was cancelled for a caller that went away: nothing goes out
+                    return _nothing()  # the handler was cancelled for a caller that went away
                 self.response_started = True
                 hooks = self._hooks
                 if hooks is not None:
                     for hook in reversed(hooks):
                         message = hook(self, message)
+                report_hook = self.report_hook
+                if report_hook is not None and (
+                    self.failure_log is not None or self.final_report is not None
+                ):
+                    message = report_hook(self, message)
             elif self.caller_gone:
-                return
-            await send(message)
+                return _nothing()
+            return send(message)
 
         return exchange_send
 
@@ -102,3 +117,7 @@ class Exchange:
             self._hooks = [hook]
         else:
             self._hooks.append(hook)
+
+
+async def _nothing() -> None:
+    """What ``send`` awaits for a message dropped because the caller is gone."""

@@ -1,7 +1,9 @@
 """Failure log and exception reply: every failure a request saw goes back to its caller as a report.
 
-One pure ASGI layer per server (inside the SERVER span, so events carry its trace and span ids):
-- a fresh ``RequestFailureLog`` is current while the request runs; handlers and the client observe into it;
+One step per server (``FailureReplies``, run in the gym layers' one frame, ``_steps``; inside the SERVER
+span, so events carry its trace and span ids):
+- the request's exchange is the current failure-log holder while the request runs; handlers and the
+  client observe into it (the ``RequestFailureLog`` is made on the first record);
 - every reply of a request that observed failures carries ``X-NG-Failure-Report`` (success replies too:
   a model attempt that a retry recovered is still reported);
 - an unhandled ``NgFailureEvent`` answers with an error status this hop chooses (:func:`reply_status`:
@@ -21,7 +23,7 @@ from typing import Any, Final
 
 import aiohttp
 import orjson
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Send
 
 from gym_obs.client.boundary import report_from_reply_body
 from gym_obs.failures.event import NgFailureEvent, exception_type_name
@@ -32,16 +34,18 @@ from gym_obs.failures.transport import (
     FAILURE_REPORT_HEADER,
     RequestFailureLog,
     encode_failure_report,
+    enter_failure_log,
+    leave_failure_log,
     observe_failure,
     report_from_reply_header,
-    request_failure_log,
 )
 from gym_obs.server._exchange import Exchange
-from gym_obs.server._instrumentation import restore_after_instrumentation
+from gym_obs.server._steps import RequestSteps
 from gym_obs.telemetry._state import STATE
 from gym_obs.telemetry.bodies import bounded_excerpt
 
 __all__ = [
+    "FailureReplies",
     "FailureReplyMiddleware",
     "boundary_for_server_type",
     "failure_for_exception",
@@ -131,61 +135,63 @@ def _is_remote(event: NgFailureEvent) -> bool:
     return origin is not None and STATE.server_name is not None and origin != STATE.server_name
 
 
-def _add_report_header(exchange: Exchange, message: Message) -> Message:
-    """The start hook: ``X-NG-Failure-Report`` for the failure replied with, else for what was observed."""
-    report = exchange.final_report
-    if report is None:
-        log = exchange.failure_log
-        if log is None or not len(log):
-            return message
-        report = log.report()
-    value = encode_failure_report(report) if report is not None else ""
-    if not value:
-        return message
-    headers = [(k, v) for k, v in message.get("headers", ()) if k.lower() != _REPORT_HEADER]
-    headers.append((_REPORT_HEADER, value.encode("latin-1")))
-    return {**message, "headers": headers}
+class FailureReplies:
+    """The failure-reply step: keeps the request's failure log, reports it on every reply, turns exceptions
+    into failure replies.
 
-
-class FailureReplyMiddleware:
-    """Keeps the request's failure log, reports it on every reply, turns exceptions into failure replies.
-
-    Pure ASGI; install it inside the SERVER span. It shares the request's
-    :class:`~gym_obs.server._exchange.Exchange` with the other gym layers: the report header is a start
-    hook, and no reply is attempted once the reply started or the caller is gone (the disconnect layer,
-    inside this one, says so).
+    It shares the request's :class:`~gym_obs.server._exchange.Exchange` with the other gym layers: the
+    exchange holds the log, the report header is its report hook, and no reply is attempted once the reply
+    started or the caller is gone (the disconnect step, inside this one, says so).
     """
 
-    def __init__(self, app: ASGIApp, *, boundary: Boundary = "harness", restore_query: bool = True) -> None:
-        self.app = app
+    __slots__ = ("boundary", "restore_query")
+
+    def __init__(self, *, boundary: Boundary = "harness", restore_query: bool = True) -> None:
         self.boundary = boundary
         #: whether an outer layer may have hidden the query from contrib's SERVER span (see
-        #: ``_instrumentation``): then it is given back here; a stack without contrib skips the look
+        #: ``_instrumentation``): then it is given back first; a stack without contrib skips the look
         self.restore_query = restore_query
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.restore_query:
-            restore_after_instrumentation(scope)  # the query the path middleware hid from the SERVER span
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        exchange, send = Exchange.join(scope, send)
-        with request_failure_log() as log:
-            exchange.failure_log = log
-            exchange.on_start(_add_report_header)
-            try:
-                await self.app(scope, receive, send)
-            except Exception as error:
-                if exchange.caller_gone:  # the caller is gone: nothing is sent, the error is only logged
-                    _log.warning("handler failed after the caller disconnected", exc_info=error)
-                    return
-                if exchange.response_started:
-                    _log.error("handler failed after the reply started", exc_info=error)
-                    raise
-                await self._reply(error, log, exchange, send)
+    @staticmethod
+    def report_hook(exchange: Exchange, message: Message) -> Message:
+        """The exchange's start hook when there is a report (see ``_exchange``): ``X-NG-Failure-Report``
+        for the failure replied with, else for what was observed."""
+        report = exchange.final_report
+        if report is None:
+            log = exchange.failure_log
+            if log is None or not len(log):
+                return message
+            report = log.report()
+        value = encode_failure_report(report) if report is not None else ""
+        if not value:
+            return message
+        headers = [(k, v) for k, v in message.get("headers", ()) if k.lower() != _REPORT_HEADER]
+        headers.append((_REPORT_HEADER, value.encode("latin-1")))
+        return {**message, "headers": headers}
 
-    async def _reply(self, error: Exception, log: RequestFailureLog, exchange: Exchange, send: Send) -> None:
+    #: the request starts: its exchange holds its failure log (``enter(exchange) -> token``, the context
+    #: variable's own method; ``leave(token)`` when it ends)
+    enter = staticmethod(enter_failure_log)
+    leave = staticmethod(leave_failure_log)
+
+    @staticmethod
+    def settles(error: Exception, exchange: Exchange) -> bool:
+        """Whether ``error`` out of the app ends here (a failure reply, or nothing for a caller that is
+        gone); False: it propagates (the reply started: too late for a failure reply)."""
+        if exchange.caller_gone:  # the caller is gone: nothing is sent, the error is only logged
+            _log.warning("handler failed after the caller disconnected", exc_info=error)
+            return True
+        if exchange.response_started:
+            _log.error("handler failed after the reply started", exc_info=error)
+            return False
+        return True
+
+    async def reply(self, error: Exception, exchange: Exchange, send: Send) -> None:
+        """Answer ``error`` with a failure reply holding the request's report."""
         event = failure_for_exception(error, self.boundary)
+        log = exchange.failure_log
+        if log is None:  # (made before the event is observed into it, as a log made up front would be)
+            log = exchange.failure_log = RequestFailureLog()
         status, body = failure_reply(event, log, exchange)
         if event is error:
             _log.warning("replying with failure %s (%s)", event.event_id, event)
@@ -200,6 +206,15 @@ class FailureReplyMiddleware:
         # The start hooks add the report header (from exchange.final_report) and a new session's token.
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+class FailureReplyMiddleware(RequestSteps):
+    """:class:`FailureReplies` as a pure ASGI middleware of its own (``SimpleServer`` runs it as a step)."""
+
+    __slots__ = ()
+
+    def __init__(self, app: ASGIApp, *, boundary: Boundary = "harness", restore_query: bool = True) -> None:
+        super().__init__(app, failures=FailureReplies(boundary=boundary, restore_query=restore_query))
 
 
 def failure_reply(event: NgFailureEvent, log: RequestFailureLog, exchange: Exchange) -> tuple[int, bytes]:

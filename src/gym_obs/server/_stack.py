@@ -3,7 +3,8 @@
 Outermost first (``LAYER_ORDER``); why each sits where it does:
 
 - ``control``        gym's own control routes (``/_gym/inflight``): answered before anything else, from any
-                     worker, with no span, no session, no failure log
+                     worker, with no span, no session, no failure log (by the context layer's frame, first,
+                     when no owner routing sits between them)
 - ``owner_routing``  under several workers, forwards a session's request to the worker owning it; outside
                      all telemetry, so a forwarded request has its one SERVER span at the owner
 - ``context``        strips ``/ng-trace``/``/ng-rollout``, sets the rollout context, creates the request's
@@ -22,6 +23,9 @@ Outermost first (``LAYER_ORDER``); why each sits where it does:
 
 Layers after ``span`` are FastAPI middlewares of the app; ``span`` and the ones before it wrap the app's
 middleware stack from outside (contrib's instrumentation does the same from inside FastAPI).
+``sessions``, ``failure_reply`` and ``disconnect`` (``STEP_LAYERS``) are given as step objects, not
+installers: they run as steps of one frame (``_steps.RequestSteps``), one FastAPI middleware where the
+outermost of them sits, in this same order.
 """
 
 from __future__ import annotations
@@ -32,7 +36,9 @@ from typing import Any, Final
 from fastapi import FastAPI
 from starlette.types import ASGIApp
 
-__all__ = ["LAYER_ORDER", "Install", "build_stack", "fastapi_middleware"]
+from gym_obs.server._steps import RequestSteps
+
+__all__ = ["LAYER_ORDER", "STEP_LAYERS", "Install", "build_stack", "fastapi_middleware"]
 
 LAYER_ORDER: Final = (
     "control",
@@ -44,6 +50,9 @@ LAYER_ORDER: Final = (
     "disconnect",
     "model_calls",
 )
+
+#: the layers run as steps of one frame, by the name of their ``RequestSteps`` argument
+STEP_LAYERS: Final = {"sessions": "sessions", "failure_reply": "failures", "disconnect": "disconnect"}
 
 Install = Callable[[ASGIApp], ASGIApp]
 """Puts one layer around (or into) the app built so far and returns the result."""
@@ -61,15 +70,24 @@ def fastapi_middleware(middleware: type, **options: Any) -> Install:
     return install
 
 
-def build_stack(app: FastAPI, layers: Mapping[str, Install | None]) -> ASGIApp:
+def build_stack(app: FastAPI, layers: Mapping[str, Any]) -> ASGIApp:
     """``app`` with ``layers`` (by name; ``None`` or absent: not in this server) installed in
-    :data:`LAYER_ORDER`, innermost first."""
+    :data:`LAYER_ORDER`, innermost first: an :data:`Install` for each layer, a step object for each of
+    :data:`STEP_LAYERS` (they are installed together, as one frame, where the outermost of them sits)."""
     unknown = set(layers) - set(LAYER_ORDER)
     if unknown:
         raise ValueError(f"layers not in LAYER_ORDER: {sorted(unknown)}")
+    steps = {STEP_LAYERS[name]: layers[name] for name in STEP_LAYERS if layers.get(name) is not None}
+    outermost_step = next(
+        (name for name in LAYER_ORDER if name in STEP_LAYERS and layers.get(name) is not None), None
+    )
     built: ASGIApp = app
     for name in reversed(LAYER_ORDER):
-        install = layers.get(name)
+        install: Install | None
+        if name in STEP_LAYERS:
+            install = fastapi_middleware(RequestSteps, **steps) if name == outermost_step else None
+        else:
+            install = layers.get(name)
         if install is not None:
             built = install(built)
     return built

@@ -27,8 +27,8 @@ from gym_obs.config import GlobalConfig, ServerInstanceConfig
 from gym_obs.failures.kinds import Boundary
 from gym_obs.server._access_log import install_query_free_access_log
 from gym_obs.server._context import PathContextMiddleware
-from gym_obs.server._disconnect import DEFAULT_WATCH_DELAY_S, DisconnectCancelMiddleware
-from gym_obs.server._failure_reply import FailureReplyMiddleware, boundary_for_server_type
+from gym_obs.server._disconnect import DEFAULT_WATCH_DELAY_S, DisconnectWatch
+from gym_obs.server._failure_reply import FailureReplies, boundary_for_server_type
 from gym_obs.server._instrumentation import HEALTH_ROUTES
 from gym_obs.server._native_telemetry import disable_native_telemetry
 from gym_obs.server._profiler import profiler_for
@@ -38,14 +38,14 @@ from gym_obs.server._session_routing import (
     worker_routing_environment,
 )
 from gym_obs.server._span import add_server_span
-from gym_obs.server._stack import Install, build_stack, fastapi_middleware
+from gym_obs.server._stack import Install, build_stack
 from gym_obs.server._validation_log import log_validation_failures
-from gym_obs.server.inflight_route import inflight_route_for
+from gym_obs.server.inflight_route import InflightRoute, inflight_route_for
 from gym_obs.server.model_calls import install_model_calls
 from gym_obs.server.ops import nofile_needed, set_ulimit
 from gym_obs.server.sessions import (
     OwnedSessionRouting,
-    SessionMiddleware,
+    SessionLayer,
     SessionSigner,
     derive_session_key,
     ensure_session_secret,
@@ -144,8 +144,8 @@ class SimpleServer(BaseServer, abc.ABC):
             reason = "routes_sessions_to_owner needs sessions_enabled"
         return reason
 
-    def _session_layers(self) -> tuple[Install | None, Install | None]:
-        """The sessions layer and the owner-routing layer (only under several workers), as installers."""
+    def _session_layers(self) -> tuple[SessionLayer | None, Install | None]:
+        """The sessions step and the owner-routing layer (only under several workers, an installer)."""
         if not self.sessions_enabled:
             return None, None
         signer = SessionSigner(self.get_session_middleware_key())
@@ -153,9 +153,7 @@ class SimpleServer(BaseServer, abc.ABC):
         routing_dir = owner_routing_dir()
         workers = self.config.num_workers
         if not (self.routes_sessions_to_owner and workers > 1 and routing_dir is not None):
-            return fastapi_middleware(
-                SessionMiddleware, signer=signer, routing=routing, excluded_paths=HEALTH_ROUTES
-            ), None
+            return SessionLayer(signer=signer, routing=routing, excluded_paths=HEALTH_ROUTES), None
         router: OwnerRoutingMiddleware | None = None
 
         def owns(session_id: str) -> bool:
@@ -173,9 +171,7 @@ class SimpleServer(BaseServer, abc.ABC):
             )
             return router
 
-        sessions = fastapi_middleware(
-            SessionMiddleware, signer=signer, routing=routing, owns=owns, excluded_paths=HEALTH_ROUTES
-        )
+        sessions = SessionLayer(signer=signer, routing=routing, owns=owns, excluded_paths=HEALTH_ROUTES)
         return sessions, route
 
     @abc.abstractmethod
@@ -257,15 +253,20 @@ class SimpleServer(BaseServer, abc.ABC):
         return build_stack(
             app,
             {
-                "control": self._control_routes,
+                # With nothing between them (no owner routing), the control routes are answered in the
+                # context layer's frame, first, as if outside it.
+                "control": self._control_routes if owner_routing is not None else None,
                 "owner_routing": owner_routing,
-                "context": lambda inner: PathContextMiddleware(inner, hide_query=hide_query),
+                "context": lambda inner: PathContextMiddleware(
+                    inner,
+                    hide_query=hide_query,
+                    control=self._control_routes(inner) if owner_routing is None else None,
+                    control_paths=InflightRoute.PATHS,
+                ),
                 "span": lambda inner: add_server_span(inner, instrumentation),
                 "sessions": sessions,
-                "failure_reply": fastapi_middleware(
-                    FailureReplyMiddleware, boundary=self.failure_boundary, restore_query=hide_query
-                ),
-                "disconnect": self._disconnect_layer(),
+                "failure_reply": FailureReplies(boundary=self.failure_boundary, restore_query=hide_query),
+                "disconnect": self._disconnect_step(),
                 "model_calls": self._install_model_calls,
             },
         )
@@ -273,9 +274,9 @@ class SimpleServer(BaseServer, abc.ABC):
     def _control_routes(self, app: ASGIApp) -> ASGIApp:
         return inflight_route_for(app, self.server_name, self.server_type, self.global_config)
 
-    def _disconnect_layer(self) -> Install | None:
+    def _disconnect_step(self) -> DisconnectWatch | None:
         delay = self.disconnect_watch_delay_s
-        return None if delay is None else fastapi_middleware(DisconnectCancelMiddleware, watch_delay_s=delay)
+        return None if delay is None else DisconnectWatch(watch_delay_s=delay)
 
     def _install_model_calls(self, app: ASGIApp) -> ASGIApp:
         """Model servers: GenAI metrics off the reply (when their config and telemetry say so)."""

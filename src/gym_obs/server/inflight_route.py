@@ -36,6 +36,9 @@ def _networks(entries: Iterable[str]) -> tuple[_Network, ...]:
 class InflightRoute:
     """Answers ``/_gym/inflight`` before the wrapped app sees the request; passes everything else on."""
 
+    #: the paths it answers (HTTP): an outer frame may ask it for these only (``PathContextMiddleware``)
+    PATHS: Final = frozenset({names.INFLIGHT_ROUTE})
+
     def __init__(self, app: ASGIApp, *, server_name: str, allow: Iterable[str] = ()) -> None:
         self.app = app
         self.server_name = server_name

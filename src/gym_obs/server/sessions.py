@@ -31,9 +31,10 @@ from typing import Any, Final
 import orjson
 import structlog
 from opentelemetry import trace
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope
 
 from gym_obs.server._exchange import Exchange
+from gym_obs.server._steps import RequestSteps
 from gym_obs.telemetry import names
 from gym_obs.telemetry._state import STATE
 
@@ -333,9 +334,9 @@ def current_session_id() -> str | None:
 class SessionLayer:
     """What the sessions of one server share: signer, routing, owner check, excluded paths.
 
-    :class:`SessionMiddleware` runs its steps for each request: ``open`` (the session is current) ->
-    handler -> ``reply_start`` on the response start (only for a session issued here) -> the session's
-    ``end``.
+    The sessions step of the gym layers' one frame (``_steps``; :class:`SessionMiddleware` runs it on its
+    own): ``open`` (the session is current) -> handler -> ``reply_start`` on the response start (only for
+    a session issued here) -> the session's ``end``.
     """
 
     __slots__ = ("excluded_paths", "owns", "routing", "signer")
@@ -374,7 +375,10 @@ class SessionLayer:
             wants_body = self.routing.json_field and scope["type"] == "http"
             if session_id is None and wants_body and _is_json(headers):
                 return None
-        return self._start(scope, session_id, exchange)
+        # (what ``_start`` does, inline: every request of a server with sessions passes here)
+        span = trace.get_current_span() if STATE.enabled else None
+        session = scope["session"] = RequestSession(session_id, self, span, exchange)
+        return session
 
     async def open_reading_body(
         self, scope: Scope, receive: Receive, exchange: Exchange | None = None
@@ -408,7 +412,7 @@ class SessionLayer:
         return cookie.encode("latin-1")
 
 
-class SessionMiddleware:
+class SessionMiddleware(RequestSteps):
     """Pure ASGI: resolve the caller's session, or issue one when the handler first asks for it; put the id
     on the SERVER span and on log lines; hand a new session's token back on the reply.
 
@@ -419,6 +423,8 @@ class SessionMiddleware:
     owns them, so a new session is always served where it was created.
     """
 
+    __slots__ = ()
+
     def __init__(
         self,
         app: ASGIApp,
@@ -428,22 +434,5 @@ class SessionMiddleware:
         owns: Callable[[str], bool] | None = None,
         excluded_paths: Iterable[str] = (),
     ) -> None:
-        self.app = app
-        self.layer = SessionLayer(signer=signer, routing=routing, owns=owns, excluded_paths=excluded_paths)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        layer = self.layer
-        kind = scope["type"]
-        if (kind != "http" and kind != "websocket") or scope["path"] in layer.excluded_paths:
-            await self.app(scope, receive, send)
-            return
-        exchange: Exchange | None = None
-        if kind == "http":
-            exchange, send = Exchange.join(scope, send)
-        session = layer.open(scope, exchange)
-        if session is None:
-            session, receive = await layer.open_reading_body(scope, receive, exchange)
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            session.end()
+        layer = SessionLayer(signer=signer, routing=routing, owns=owns, excluded_paths=excluded_paths)
+        super().__init__(app, sessions=layer)

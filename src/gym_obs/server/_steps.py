@@ -1,0 +1,166 @@
+"""The per-request gym layers inside the app (sessions, failure reply, disconnect) run as steps of one frame.
+
+Each concern keeps its own module and its own step object (``sessions.SessionLayer``,
+``_failure_reply.FailureReplies``, ``_disconnect.DisconnectWatch``); ``_stack`` composes them in
+``LAYER_ORDER``. A request passes them in one ``async def`` instead of one nested coroutine frame (and its
+``await``) per layer: the layers passed every request through whether or not it needed them, and those
+frames were a large share of what the gym layers cost with telemetry off. Nesting is kept by the
+``try`` blocks of this frame, in the layers' order: the session is current around everything, the failure
+log around the handler and the failure reply, the disconnect watch around the handler alone. No step wraps
+``receive`` or ``send`` unless the request needs it (a JSON-named session replays the body it read; a
+server other than uvicorn gets the disconnect watcher's ``receive``); ``send`` is the request's one
+:class:`~gym_obs.server._exchange.Exchange` wrapper.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from contextvars import Token
+from typing import Any, Protocol
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gym_obs.server._exchange import EXCHANGE_SCOPE_KEY, Exchange
+from gym_obs.server._instrumentation import restore_after_instrumentation
+
+__all__ = ["DisconnectStep", "FailureStep", "RequestSteps", "SessionStep"]
+
+_current_task = asyncio.current_task
+
+# What this frame needs of each step (the steps' modules import this one, so it names none of them).
+
+
+class _Session(Protocol):
+    def end(self) -> None: ...
+
+
+class SessionStep(Protocol):
+    """``sessions.SessionLayer``."""
+
+    excluded_paths: frozenset[str]
+
+    def open(self, scope: Scope, exchange: Exchange | None = None) -> _Session | None: ...
+
+    async def open_reading_body(
+        self, scope: Scope, receive: Receive, exchange: Exchange | None = None
+    ) -> tuple[_Session, Receive]: ...
+
+
+class FailureStep(Protocol):
+    """``_failure_reply.FailureReplies``."""
+
+    restore_query: bool
+
+    @staticmethod
+    def report_hook(exchange: Exchange, message: Message, /) -> Message: ...
+
+    def enter(self, exchange: Exchange) -> Token[Any]: ...
+
+    def leave(self, token: Token[Any]) -> None: ...
+
+    def settles(self, error: Exception, exchange: Exchange) -> bool: ...
+
+    async def reply(self, error: Exception, exchange: Exchange, send: Send) -> None: ...
+
+
+class _Polled(Protocol):
+    def absorbs(self, task: asyncio.Task[Any], scope: Scope) -> bool: ...
+
+    def leave(self, task: asyncio.Task[Any]) -> None: ...
+
+
+class DisconnectStep(Protocol):
+    """``_disconnect.DisconnectWatch``."""
+
+    def enter(self, task: asyncio.Task[Any], receive: Receive, exchange: Exchange) -> _Polled | None: ...
+
+    async def watched(
+        self,
+        app: ASGIApp,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        task: asyncio.Task[Any],
+        exchange: Exchange,
+    ) -> None: ...
+
+
+class RequestSteps:
+    """Pure ASGI: the steps a server has (``None``: not in this server), in one frame per request."""
+
+    __slots__ = ("app", "disconnect", "failures", "sessions")
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        sessions: SessionStep | None = None,
+        failures: FailureStep | None = None,
+        disconnect: DisconnectStep | None = None,
+    ) -> None:
+        self.app = app
+        self.sessions = sessions
+        self.failures = failures
+        self.disconnect = disconnect
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        failures = self.failures
+        if failures is not None and failures.restore_query:
+            restore_after_instrumentation(scope)  # the query the path middleware hid from the SERVER span
+        if scope["type"] != "http":
+            await self._not_http(scope, receive, send)
+            return
+        exchange: Exchange | None = scope.get(EXCHANGE_SCOPE_KEY)
+        if exchange is None or not exchange.bound:  # (bound by the context layer: the common case)
+            exchange, send = Exchange.join(scope, send)
+        session: _Session | None = None
+        sessions = self.sessions
+        if sessions is not None and scope["path"] not in sessions.excluded_paths:
+            session = sessions.open(scope, exchange)
+            if session is None:
+                session, receive = await sessions.open_reading_body(scope, receive, exchange)
+        log_token: Token[Any] | None = None
+        if failures is not None:
+            exchange.report_hook = failures.report_hook  # the exchange adds the report header
+            log_token = failures.enter(exchange)  # it holds the log, made on the first record
+        try:
+            disconnect = self.disconnect
+            task = _current_task() if disconnect is not None else None
+            if task is None or disconnect is None:
+                await self.app(scope, receive, send)
+            else:
+                sweeper = disconnect.enter(task, receive, exchange)
+                if sweeper is None:  # not uvicorn: a watcher task reads ``receive`` for the app
+                    await disconnect.watched(self.app, scope, receive, send, task, exchange)
+                else:
+                    try:
+                        await self.app(scope, receive, send)
+                    except asyncio.CancelledError:
+                        if not sweeper.absorbs(task, scope):
+                            raise
+                    finally:
+                        sweeper.leave(task)
+        except Exception as error:
+            if failures is None or not failures.settles(error, exchange):
+                raise
+            if not exchange.caller_gone:
+                await failures.reply(error, exchange, send)
+        finally:
+            if log_token is not None:
+                failures.leave(log_token)  # type: ignore[union-attr]
+            if session is not None:
+                session.end()
+
+    async def _not_http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A websocket has a session (no failure log, no disconnect watch); lifespan passes through."""
+        sessions = self.sessions
+        if sessions is None or scope["type"] != "websocket" or scope["path"] in sessions.excluded_paths:
+            await self.app(scope, receive, send)
+            return
+        session = sessions.open(scope)
+        if session is None:
+            session, receive = await sessions.open_reading_body(scope, receive)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            session.end()
