@@ -42,7 +42,8 @@ more than theirs.
 Run: ``python3 benchmarks/client_overhead.py [--requests 5000] [--concurrency 64] [--rounds 7]
 [--port-base 22950] [--rollout] [--no-parent]`` (``--port`` is an alias of ``--port-base``: the server's
 port). ``--only VARIANT`` runs one variant once and prints nothing: the way to count its instructions
-(``valgrind --tool=callgrind`` at two ``--requests`` values; the README has the figures).
+(``valgrind --tool=callgrind`` at two ``--requests`` values, best with ``--concurrency 1``; the warm-up
+runs ``min(requests, 1000)`` requests too, so 300 and 900 differ by 1,200; the README has the figures).
 """
 
 from __future__ import annotations

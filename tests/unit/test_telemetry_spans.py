@@ -6,14 +6,41 @@ import asyncio
 from collections.abc import Generator
 
 import pytest
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.metrics import NoOpMeter
-from opentelemetry.trace import INVALID_SPAN, SpanKind, StatusCode
+from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_ON,
+    DEFAULT_ON,
+    Decision,
+    ParentBased,
+    Sampler,
+    SamplingResult,
+    TraceIdRatioBased,
+)
+from opentelemetry.trace import (
+    INVALID_SPAN,
+    NonRecordingSpan,
+    SpanContext,
+    SpanKind,
+    StatusCode,
+    TraceFlags,
+    TraceState,
+)
 
 from gym_obs.telemetry import names
 from gym_obs.telemetry.metrics import Instruments, instruments_for
 from gym_obs.telemetry.redaction import REDACTED_USERINFO
-from gym_obs.telemetry.spans import client_span, current_ids, record_exception, set_span_error
+from gym_obs.telemetry.spans import (
+    client_span,
+    current_ids,
+    record_exception,
+    set_span_error,
+    start_trusted_span,
+)
 from gym_obs.telemetry.testing import Capture, capture_telemetry, telemetry_state
 
 STATE = telemetry_state()
@@ -244,3 +271,127 @@ async def test_cancelling_a_task_inside_nested_spans_ends_both_without_error(tel
         assert span.end_time is not None
         assert span.status.status_code is StatusCode.UNSET
         assert names.ATTR_ERROR_TYPE not in (span.attributes or {})
+
+
+class _AttributeReadingSampler(Sampler):
+    """A sampler that decides by an attribute (drops health checks): it must see the attributes at start."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict[str, object]] = []
+
+    def should_sample(  # type: ignore[override]
+        self, parent_context: object, trace_id: int, name: str, kind: object = None,
+        attributes: object = None, links: object = None, trace_state: object = None,
+    ) -> SamplingResult:
+        attrs = dict(attributes or {})  # type: ignore[call-overload]
+        self.seen.append(attrs)
+        drop = attrs.get(names.ATTR_URL_FULL) == "http://h/health"
+        return SamplingResult(Decision.DROP if drop else Decision.RECORD_AND_SAMPLE, attrs or None)
+
+    def get_description(self) -> str:
+        return "reads attributes"
+
+
+class _StartRecorder(SpanProcessor):
+    """What span processors see at start: the span's attributes and the parent context given."""
+
+    def __init__(self) -> None:
+        self.started: list[tuple[dict[str, object], object]] = []
+
+    def on_start(self, span: object, parent_context: object = None) -> None:
+        if getattr(span, "name", None) == "GET":
+            self.started.append((dict(getattr(span, "attributes", None) or {}), parent_context))
+
+
+_REMOTE = SpanContext(
+    0x1234, 0x5678, is_remote=True, trace_flags=TraceFlags(0x03), trace_state=TraceState([("k", "v")])
+)
+_PARENTS = {
+    "no_parent": lambda tracer: None,
+    "local_sampled": lambda tracer: trace.set_span_in_context(tracer.start_span("parent")),
+    "remote_sampled_random": lambda tracer: trace.set_span_in_context(NonRecordingSpan(_REMOTE)),
+    "remote_unsampled": lambda tracer: trace.set_span_in_context(
+        NonRecordingSpan(SpanContext(0x1234, 0x5678, is_remote=True, trace_flags=TraceFlags(0)))
+    ),
+    "current_local": "current",
+}
+_SAMPLERS = {
+    "parentbased_always_on": lambda: DEFAULT_ON,
+    "parentbased_ratio": lambda: ParentBased(TraceIdRatioBased(1.0)),
+    "always_on": lambda: ALWAYS_ON,
+    "parentbased_reading_child": lambda: ParentBased(
+        ALWAYS_ON, local_parent_sampled=_AttributeReadingSampler()
+    ),
+    "attribute_reading": _AttributeReadingSampler,
+}
+
+
+def _fields(span: ReadableSpan, new_trace: bool) -> tuple[object, ...]:
+    context = span.context
+    assert context is not None
+    return (
+        span.name, span.kind, span.parent, None if new_trace else context.trace_id, context.trace_flags,
+        context.trace_state,
+        context.is_remote, dict(span.attributes or {}), span.resource, span.instrumentation_scope,
+        span.start_time, span.end_time, span.status.status_code, list(span.events), list(span.links),
+    )
+
+
+@pytest.mark.parametrize("parent_case", list(_PARENTS))
+@pytest.mark.parametrize("sampler_case", list(_SAMPLERS))
+def test_start_trusted_span_makes_the_span_start_span_would(sampler_case: str, parent_case: str) -> None:
+    sampler = _SAMPLERS[sampler_case]()
+    exporter, recorder = InMemorySpanExporter(), _StartRecorder()
+    provider = TracerProvider(sampler=sampler)
+    provider.add_span_processor(recorder)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    attrs: dict[str, str | int] = {names.ATTR_URL_FULL: "http://h/x", names.ATTR_SERVER_PORT: 8}
+    make = _PARENTS[parent_case]
+    token = None
+    if make == "current":  # no context given: the current one is the parent
+        token = otel_context.attach(trace.set_span_in_context(tracer.start_span("parent")))
+        context = None
+    else:
+        context = make(tracer)  # type: ignore[operator]
+    try:
+        tracer.start_span("GET", context, SpanKind.CLIENT, attrs, start_time=5).end(end_time=7)
+        start_trusted_span(tracer, "GET", context, SpanKind.CLIENT, attrs, 5).end(end_time=7)
+    finally:
+        if token is not None:
+            otel_context.detach(token)
+    made = [span for span in exporter.get_finished_spans() if span.name == "GET"]
+    if not made:  # not sampled either way
+        assert parent_case == "remote_unsampled" and recorder.started == []
+        return
+    sdk_made, trusted = made
+    new_trace = parent_case == "no_parent"
+    assert _fields(trusted, new_trace) == _fields(sdk_made, new_trace)
+    assert dict(trusted.attributes or {}) == attrs
+    assert trusted.context is not None and sdk_made.context is not None
+    assert trusted.context.span_id != sdk_made.context.span_id
+    (sdk_started, sdk_parent), (trusted_started, trusted_parent) = recorder.started
+    assert trusted_parent is sdk_parent
+    assert sdk_started == attrs
+    # Processors see the attributes at start, except on the path for other attribute-blind samplers.
+    assert trusted_started in (attrs, {})
+    if sampler_case == "parentbased_always_on" and parent_case != "no_parent":
+        assert trusted_started == attrs
+    if isinstance(sampler, _AttributeReadingSampler):
+        assert sampler.seen[-2:] == [attrs, attrs]  # a sampler that may read them still gets them at start
+        health = {names.ATTR_URL_FULL: "http://h/health"}
+        assert not start_trusted_span(tracer, "GET", context, SpanKind.CLIENT, health).is_recording()
+
+
+@pytest.mark.parametrize("limits", [SpanLimits(max_attribute_length=4), SpanLimits(max_span_attributes=1)])
+def test_start_trusted_span_applies_span_limits_as_start_span_does(limits: SpanLimits) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(span_limits=limits)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    attrs: dict[str, str | int] = {names.ATTR_URL_FULL: "http://h/x", names.ATTR_SERVER_PORT: 8}
+    with tracer.start_as_current_span("parent"):
+        tracer.start_span("GET", None, SpanKind.CLIENT, attrs).end()
+        start_trusted_span(tracer, "GET", None, SpanKind.CLIENT, attrs).end()
+    sdk_made, trusted = (span for span in exporter.get_finished_spans() if span.name == "GET")
+    assert dict(trusted.attributes or {}) == dict(sdk_made.attributes or {}) != attrs

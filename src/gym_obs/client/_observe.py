@@ -30,7 +30,12 @@ from gym_obs.telemetry.bodies import bounded_excerpt
 from gym_obs.telemetry.metrics import AttributeCache, Instruments
 from gym_obs.telemetry.propagation import ROLLOUT_ID, inject_trace_headers, should_propagate
 from gym_obs.telemetry.redaction import redact_url
-from gym_obs.telemetry.spans import record_exception, set_span_error
+from gym_obs.telemetry.spans import (
+    record_exception,
+    set_span_error,
+    set_trusted_attributes,
+    start_trusted_span,
+)
 
 __all__ = ["RequestObserver"]
 
@@ -64,6 +69,7 @@ _SPAN_ATTRS: Final = AttributeCache(*_SPAN_KEYS, max_entries=_MAX_CACHED)
 _FINAL_ATTRS: Final = AttributeCache(
     *_SPAN_KEYS, names.ATTR_HTTP_RESPONSE_STATUS_CODE, names.ATTR_ERROR_TYPE, max_entries=_MAX_CACHED
 )
+_STATUS_ATTRS: Final = AttributeCache(names.ATTR_HTTP_RESPONSE_STATUS_CODE, max_entries=_MAX_CACHED)
 _RETRY_ATTRS: Final = AttributeCache(names.ATTR_SERVER_NAME, names.ATTR_RETRY_REASON, max_entries=_MAX_CACHED)
 _TIMEOUT_ATTRS: Final = AttributeCache(
     names.ATTR_DESTINATION, names.ATTR_SERVER_NAME, max_entries=_MAX_CACHED
@@ -278,12 +284,8 @@ class RequestObserver:
         read once and given to the SDK (parent, sampler, the span's context), which would read it thrice."""
         assert self.tracer is not None and self.token is None
         parent = otel_context.get_current()
-        span = self.span = self.tracer.start_span(
-            self.name,
-            context=parent,
-            kind=SpanKind.CLIENT,
-            attributes=self._attributes(),
-            start_time=self.start_ns,
+        span = self.span = start_trusted_span(
+            self.tracer, self.name, parent, SpanKind.CLIENT, self._attributes(), self.start_ns
         )
         context = trace.set_span_in_context(span, parent)
         self.token = otel_context.attach(context)
@@ -293,11 +295,13 @@ class RequestObserver:
         """The request got a reply: its status; 4xx/5xx make the span an error."""
         if self.tracer is None:
             return
-        if self.token is None and self.attempts <= 1:
-            self._write_at_once(status)
-            return
-        span = self.open()
-        span.set_attribute(names.ATTR_HTTP_RESPONSE_STATUS_CODE, status)
+        if self.token is None:
+            if self.attempts <= 1:
+                self._write_at_once(status)
+                return
+            self._open()
+        span = self.span
+        set_trusted_attributes(span, _STATUS_ATTRS.get(status))
         if status >= 400:
             set_span_error(span, str(status))
         self._end(span)
@@ -361,9 +365,7 @@ class RequestObserver:
             attributes = {**self._attributes(), names.ATTR_HTTP_RESPONSE_STATUS_CODE: status}
             if error is not None:
                 attributes[names.ATTR_ERROR_TYPE] = error
-        span = self.tracer.start_span(
-            self.name, kind=SpanKind.CLIENT, attributes=attributes, start_time=self.start_ns
-        )
+        span = start_trusted_span(self.tracer, self.name, None, SpanKind.CLIENT, attributes, self.start_ns)
         if error is not None:
             span.set_status(Status(StatusCode.ERROR, error))
         span.end()

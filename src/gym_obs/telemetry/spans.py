@@ -11,12 +11,26 @@ import asyncio
 import traceback
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Final
+from typing import Any, Final
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.attributes import BoundedAttributes
-from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import Tracer as _SdkTracer
+from opentelemetry.sdk.trace import _Span
+from opentelemetry.sdk.trace.sampling import Decision, ParentBased, StaticSampler, TraceIdRatioBased
+from opentelemetry.sdk.version import __version__ as _sdk_version
+from opentelemetry.trace import (
+    INVALID_SPAN,
+    Span,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    Tracer,
+)
 
 from gym_obs.telemetry import names
 from gym_obs.telemetry._state import STATE
@@ -24,7 +38,14 @@ from gym_obs.telemetry._types import AttributeValue
 from gym_obs.telemetry.bodies import bounded_excerpt
 from gym_obs.telemetry.redaction import redact_url, scrub_text
 
-__all__ = ["client_span", "current_ids", "record_exception", "set_span_error", "set_trusted_attributes"]
+__all__ = [
+    "client_span",
+    "current_ids",
+    "record_exception",
+    "set_span_error",
+    "set_trusted_attributes",
+    "start_trusted_span",
+]
 
 _EXCEPTION_MESSAGE_CHARS: Final = 1000
 _EXCEPTION_STACK_CHARS: Final = 4000
@@ -120,6 +141,172 @@ def set_trusted_attributes(span: Span, attributes: Mapping[str, AttributeValue])
         if getattr(span, "end_time", None) is not None:
             return  # the SDK would only log that the span has ended
         items.update(attributes)
+
+
+# The SDK samplers whose decision never reads a span's attributes (they only carry them over).
+_BLIND_SAMPLE_METHODS: Final = (StaticSampler.should_sample, TraceIdRatioBased.should_sample)
+_PARENT_BASED_DELEGATES: Final = (
+    "_root",
+    "_remote_parent_sampled",
+    "_remote_parent_not_sampled",
+    "_local_parent_sampled",
+    "_local_parent_not_sampled",
+)
+# The sampler last looked at, and whether it is attribute-blind (see _attribute_blind).
+_blind_checked: tuple[object, bool] = (None, False)
+
+
+def _is_blind(sampler: object, depth: int = 0) -> bool:
+    """Whether ``sampler`` decides without reading attributes: the SDK's static and ratio samplers, and
+    ``ParentBased`` over such samplers. A subclass that overrides ``should_sample`` (or any other sampler)
+    may read them, so it is not blind."""
+    method = getattr(type(sampler), "should_sample", None)
+    if method in _BLIND_SAMPLE_METHODS:
+        return True
+    if method is not ParentBased.should_sample or depth > 3:
+        return False
+    delegates = [getattr(sampler, name, None) for name in _PARENT_BASED_DELEGATES]
+    return all(d is not None and _is_blind(d, depth + 1) for d in delegates)
+
+
+def _attribute_blind(tracer: Tracer) -> bool:
+    global _blind_checked
+    sampler = getattr(tracer, "sampler", None)
+    checked, blind = _blind_checked
+    if sampler is not checked:
+        blind = sampler is not None and _is_blind(sampler)
+        _blind_checked = (sampler, blind)
+    return blind
+
+
+def start_trusted_span(
+    tracer: Tracer,
+    name: str,
+    context: Context | None,
+    kind: SpanKind,
+    attributes: Mapping[str, AttributeValue],
+    start_time: int | None = None,
+) -> Span:
+    """``tracer.start_span`` for a hot path whose ``attributes`` gym_obs built itself (valid and bounded,
+    as for :func:`set_trusted_attributes`): the same span, for less.
+
+    The SDK cleans every attribute given at start (several k instructions each). A child of a sampled
+    parent under the SDK's default sampler (every gym hop's CLIENT span) is started by
+    :func:`_sampled_child`, with the attributes in place before span processors see it; otherwise, when
+    the sampler cannot look at attributes (the SDK's static, ratio and parent-based samplers), the span is
+    started without them and they are put in its store in one go, as ``gym_obs``' SERVER span does. A
+    sampler that may read them gets them at start, as before.
+    """
+    span = _sampled_child(tracer, name, context, kind, attributes, start_time)
+    if span is not None:
+        return span
+    if not _attribute_blind(tracer):
+        return tracer.start_span(name, context, kind, attributes, start_time=start_time)
+    span = tracer.start_span(name, context, kind, start_time=start_time)
+    set_trusted_attributes(span, attributes)
+    return span
+
+
+# SDK releases whose ``Tracer.start_span`` _sampled_child was checked against, step by step (tests compare
+# the two spans); any other release takes ``start_span`` itself.
+_CHECKED_SDK_RELEASES: Final = ("1.45.",)
+_FAST_SDK: Final = _sdk_version.startswith(_CHECKED_SDK_RELEASES)
+_TRACER_FIELDS: Final = (
+    "sampler", "resource", "span_processor", "id_generator", "instrumentation_info", "_span_limits",
+    "_instrumentation_scope", "_tracer_config", "_tracer_metrics",
+)
+# The tracer last looked at, and whether it has every field _sampled_child reads.
+_tracer_checked: tuple[object, bool] = (None, False)
+# A sampled child's trace flags, by its parent's random-trace-id bit (the SDK's start_span sets no other).
+_CHILD_FLAGS: Final = (
+    TraceFlags(TraceFlags.SAMPLED), TraceFlags(TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID)
+)
+
+
+def _always_samples(sampler: object) -> bool:
+    return (
+        getattr(type(sampler), "should_sample", None) is StaticSampler.should_sample
+        and getattr(sampler, "_decision", None) is Decision.RECORD_AND_SAMPLE
+    )
+
+
+def _sampled_child(
+    tracer: Tracer,
+    name: str,
+    context: Context | None,
+    kind: SpanKind,
+    attributes: Mapping[str, AttributeValue],
+    start_time: int | None,
+) -> Span | None:
+    """The SDK ``Tracer.start_span``'s steps for its most common case, else None: a valid sampled parent and
+    a ``ParentBased`` sampler that always samples such a child (the default, ``parentbased_always_on``).
+
+    ``start_span`` asks the sampler (three look-ups of the parent and two result objects to learn what the
+    parent's flags already say) and cleans every attribute; here the decision is read from the parent and
+    the attributes, valid at the source, are put in place before ``span.start`` (so span processors see
+    them at start, as with ``start_span``). Everything else is what ``start_span`` does, in its order: the
+    same span context (the parent's trace id and trace state, a new span id), the tracer's metrics, the
+    span's fields, ``start``.
+    """
+    global _tracer_checked
+    if not _FAST_SDK or type(tracer) is not _SdkTracer:
+        return None
+    checked, complete = _tracer_checked
+    if tracer is not checked:
+        complete = all(hasattr(tracer, field) for field in _TRACER_FIELDS)
+        _tracer_checked = (tracer, complete)
+    if not complete:
+        return None
+    parent = trace.get_current_span(context).get_span_context()
+    flags = parent.trace_flags
+    if not (flags & TraceFlags.SAMPLED and parent.is_valid):
+        return None
+    sdk_tracer: Any = tracer
+    sampler = sdk_tracer.sampler
+    if type(sampler).should_sample is not ParentBased.should_sample:
+        return None
+    delegate = getattr(
+        sampler, "_remote_parent_sampled" if parent.is_remote else "_local_parent_sampled", None
+    )
+    if not _always_samples(delegate) or not sdk_tracer._tracer_config.is_enabled:
+        return None
+    span_context = SpanContext(
+        parent.trace_id,
+        sdk_tracer.id_generator.generate_span_id(),
+        is_remote=False,
+        trace_flags=_CHILD_FLAGS[1 if flags & TraceFlags.RANDOM_TRACE_ID else 0],
+        trace_state=parent.trace_state,
+    )
+    record_end_metrics = sdk_tracer._tracer_metrics.start_span(parent, Decision.RECORD_AND_SAMPLE)
+    span = _Span(
+        name=name,
+        context=span_context,
+        parent=parent,
+        sampler=sampler,
+        resource=sdk_tracer.resource,
+        attributes=None,
+        span_processor=sdk_tracer.span_processor,
+        kind=kind,
+        links=(),
+        instrumentation_info=sdk_tracer.instrumentation_info,
+        record_exception=True,
+        set_status_on_exception=True,
+        limits=sdk_tracer._span_limits,
+        instrumentation_scope=sdk_tracer._instrumentation_scope,
+        record_end_metrics=record_end_metrics,
+    )
+    # Nobody else holds the span before ``start``: the store takes the attributes without its lock, when
+    # its limits cannot change a value or drop one (else the public path, which applies them).
+    store: Any = span._attributes
+    items = getattr(store, "_dict", None)
+    maxlen = store.maxlen if type(store) is BoundedAttributes else None
+    fits = maxlen is not None and len(attributes) <= maxlen
+    if fits and type(items) is dict and store.max_value_len is None:
+        items.update(attributes)
+    else:
+        span.set_attributes(attributes)
+    span.start(start_time=start_time, parent_context=context)
+    return span
 
 
 def set_span_error(span: Span, error_type: str) -> None:
