@@ -77,7 +77,7 @@ from gym_obs.telemetry._types import AttributeValue
 from gym_obs.telemetry.metrics import AttributeCache
 from gym_obs.telemetry.propagation import current_rollout_id
 from gym_obs.telemetry.redaction import scrub_text
-from gym_obs.telemetry.spans import record_exception, set_trusted_attributes
+from gym_obs.telemetry.spans import record_exception, set_trusted_attributes, start_trusted_span
 
 __all__ = ["ServerSpanMiddleware", "add_server_span"]
 
@@ -103,6 +103,7 @@ _TRACEPARENT_RE: Final = re.compile(
 _ZERO_TRACE_ID: Final = "0" * 32
 _ZERO_SPAN_ID: Final = "0" * 16
 _ROOT: Final = Context()  # no caller context: the span starts a trace (as contrib's extract does)
+_NO_ATTRIBUTES: Final[dict[str, AttributeValue]] = {}  # the SERVER span gets its attributes when it ends
 _MAX_CACHED: Final = 256  # request shapes and span names remembered (cleared when full)
 _MAX_RAW_USER_AGENT: Final = 4 * names.MAX_USER_AGENT_CHARS  # bounds the scrubber's work
 _SPAN_NAME_OTHER: Final = "HTTP"  # span name of a request with a method outside the conventions' set
@@ -231,7 +232,8 @@ class ServerSpanMiddleware:
                 parent = get_global_textmap().extract(carrier) if carrier is not None else _ROOT
         # The attributes are set once, with the reply's, when the span ends (one pass, no re-validation).
         method = attributes.get(names.ATTR_HTTP_REQUEST_METHOD)
-        span = tracer.start_span(_span_name(method if isinstance(method, str) else "", None), parent, kind)
+        name = _span_name(method if isinstance(method, str) else "", None)
+        span = start_trusted_span(tracer, name, parent, kind, _NO_ATTRIBUTES)  # a sampled parent: no sampler
         return span, attributes, trace.set_span_in_context(span, parent)
 
     def _shape(self, scope: Scope, host: bytes | None, agent: bytes | None) -> dict[str, AttributeValue]:

@@ -36,7 +36,12 @@ from gym_obs.telemetry import names
 from gym_obs.telemetry._state import STATE
 from gym_obs.telemetry.metrics import AttributeCache
 from gym_obs.telemetry.propagation import ROLLOUT_ID
-from gym_obs.telemetry.spans import record_exception, set_span_error, set_trusted_attributes
+from gym_obs.telemetry.spans import (
+    record_exception,
+    set_span_error,
+    set_trusted_attributes,
+    start_trusted_span,
+)
 
 # The tally's home is telemetry (the client feeds it); its public names stay importable from here.
 from gym_obs.telemetry.tally import RolloutTally as RolloutTally
@@ -92,9 +97,12 @@ def _start_span(rollout_id: str | None) -> tuple[Span | None, Token[Context] | N
         caller = trace.get_current_span().get_span_context()
         parent = Context()
         links = [Link(caller)] if caller.is_valid else None
-    span = tracer.start_span(
-        names.SPAN_ROLLOUT, context=parent, kind=SpanKind.INTERNAL, links=links, attributes=attributes
-    )
+    if links is None:  # the rollout id is validated: no re-cleaning, and no sampler under a sampled parent
+        span = start_trusted_span(tracer, names.SPAN_ROLLOUT, parent, SpanKind.INTERNAL, attributes or {})
+    else:
+        span = tracer.start_span(
+            names.SPAN_ROLLOUT, context=parent, kind=SpanKind.INTERNAL, links=links, attributes=attributes
+        )
     return span, otel_context.attach(trace.set_span_in_context(span))
 
 
