@@ -251,6 +251,32 @@ def _costs(cpu: dict[str, list[float]], prefix: str) -> tuple[float, float]:
     return json_cost, per_chunk
 
 
+def _install_quiet_sdk() -> None:
+    """SDK providers with nothing that wakes on a timer, for instruction counts: a periodic reader's tick
+    (slow under valgrind) would land in one run's count and not in the other's."""
+    from opentelemetry import metrics, trace
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+
+    trace.set_tracer_provider(TracerProvider())
+    metrics.set_meter_provider(MeterProvider(metric_readers=[InMemoryMetricReader()]))
+
+
+async def only(layer: bool, calls: int, chunks: int) -> None:
+    """``--only``: 200 warm-up calls and ``calls`` more of the layer-alone pair's one variant, untimed; run
+    it under ``valgrind --tool=cachegrind`` at two ``--calls`` values (see the README)."""
+    os.environ.setdefault("OTEL_SEMCONV_STABILITY_OPT_IN", "http")
+    _install_quiet_sdk()
+    build_app(True, _PORT)  # telemetry on (the layer's instruments), as in cpu_rounds
+    app = build_layer_app(layer)
+    for _ in range(200):
+        await _one_call(app, chunks)
+    gc.collect()
+    for _ in range(calls):
+        await _one_call(app, chunks)
+
+
 # --- latency: real uvicorn processes -----------------------------------------------------------------------
 
 
@@ -325,11 +351,18 @@ def main() -> int:
     parser.add_argument("--streams", type=int, default=20)
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     parser.add_argument("--serve", choices=("on", "off"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--only", choices=("on", "off"), help="one layer-alone variant, --calls calls, untimed (valgrind)"
+    )
+    parser.add_argument("--chunks", type=int, default=0, help="with --only: 0 (JSON), 1 or 100")
     parser.add_argument("--port", type=int, default=_PORT, help=argparse.SUPPRESS)
     parser.add_argument("--port-base", type=int, default=_PORT, help="the latency part's two ports")
     args = parser.parse_args()
     if args.serve:
         _serve(args.serve == "on", args.port)
+        return 0
+    if args.only:
+        asyncio.run(only(args.only == "on", args.calls, args.chunks))
         return 0
 
     print("load average:", os.getloadavg())

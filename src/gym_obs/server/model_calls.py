@@ -24,7 +24,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, Final
 
 from opentelemetry.trace import Span, SpanKind
@@ -78,7 +78,7 @@ TAIL_EVENTS: Final = 16
 
 _START: Final = "http.response.start"
 _BODY: Final = "http.response.body"
-_CONTENT_TYPE: Final = b"content-type"
+_CONTENT_TYPE: Final = b"content-type"  # 12 bytes
 
 _WAITING, _JSON, _HEAD, _TAIL, _PASS = range(5)
 
@@ -129,8 +129,9 @@ def install_model_calls(
     return True
 
 
-class _Call:
-    """One model call: what was sent so far and the facts read from it."""
+class _Call(ReplyFacts):
+    """One model call: what was sent so far, and the facts read from it (a call is its reply's facts: one
+    object per call, not two)."""
 
     __slots__ = (
         "_receive",
@@ -138,13 +139,12 @@ class _Call:
         "complete",
         "disconnected",
         "ended",
-        "facts",
         "first_token_at",
         "head_bytes",
         "json_bytes",
         "json_parts",
+        "layer",
         "mode",
-        "on_complete",
         "operation",
         "recorded",
         "request_model",
@@ -168,10 +168,10 @@ class _Call:
         receive: Receive,
         send: Send,
         span: Span | None,
-        on_complete: Callable[[_Call], None],
+        layer: ModelCallMiddleware,
     ) -> None:
         self.operation = operation
-        self.on_complete = on_complete
+        self.layer = layer  # told when the reply is out, under a span that ends with it (see _split)
         self._receive = receive
         self._send = send
         self.span = span
@@ -179,7 +179,7 @@ class _Call:
         self.mode = _WAITING
         self.status = self.scanned = 0
         self.complete = self.disconnected = self.recorded = False
-        self.facts = ReplyFacts()
+        ReplyFacts.__init__(self)
         self.first_token_at: float | None = None
         self.request_model: str | None = None
         self.sse: SseEvents | None = None  # a streamed reply's reader
@@ -207,20 +207,27 @@ class _Call:
                 return self._send(message)
             self.tail.append(message.get("body", b""))  # type: ignore[union-attr]
             return self._final(message)
-        if mode == _JSON and message["type"] == _BODY:  # a JSON reply's body: kept, bounded
-            body = message.get("body", b"")
+        if mode == _JSON:
+            if message["type"] != _BODY:
+                return self._send(message)
+            body = message.get("body", b"")  # a JSON reply's body: kept, bounded
             if body:
                 self.json_bytes += len(body)
                 if self.json_bytes <= MAX_JSON_BYTES:
                     self.json_parts.append(body)
                 else:
                     self._too_large()
+            if message.get("more_body", False):
+                return self._send(message)
+            return self._final(message)
         else:
             try:
-                if mode == _WAITING and message["type"] == _START:
+                kind = message["type"]
+                if kind == _START:
                     self._start(message)
                     return self._send(message)
-                self._inspect(message)
+                if kind == _BODY and mode == _HEAD:
+                    self._head(message.get("body", b""))
             except Exception:
                 _internal_failure()
                 self.mode = _PASS
@@ -247,26 +254,16 @@ class _Call:
             await self._send({"type": _BODY, "body": body, "more_body": True})
             message = {"type": _BODY, "body": b"", "more_body": False}
         try:
-            self.on_complete(self)
+            self.layer._complete(self)
         except Exception:
             _internal_failure()
         self.mode = _PASS
         await self._send(message)
 
     def _too_large(self) -> None:
-        self.facts.flag(names.GEN_AI_UNPARSABLE_TOO_LARGE)
+        self.flag(names.GEN_AI_UNPARSABLE_TOO_LARGE)
         self.json_parts = []
         self.mode = _PASS
-
-    def _inspect(self, message: Message) -> None:
-        kind = message["type"]
-        if kind == _START:
-            self._start(message)
-            return
-        if kind != _BODY:
-            return
-        if self.mode == _HEAD:
-            self._head(message.get("body", b""))
 
     def _start(self, message: Message) -> None:
         status = message.get("status", 200)
@@ -276,50 +273,44 @@ class _Call:
             return
         content_type = b""
         for key, value in message.get("headers", ()):
-            if key == _CONTENT_TYPE or key.lower() == _CONTENT_TYPE:
-                content_type = value.lower()
+            # header names are lower case in ASGI; another case costs a lower() only for a name of this length
+            if key == _CONTENT_TYPE or (len(key) == 12 and key.lower() == _CONTENT_TYPE):
+                content_type = value
                 break
-        if content_type.startswith(b"text/event-stream"):
-            self.sse = SseEvents()
-            self.head_bytes = 0
-            self.tail = None
-            self.mode = _HEAD
-        elif b"json" in content_type:
-            self.json_parts = []
-            self.json_bytes = 0
-            self.mode = _JSON
+        kind = _REPLY_KINDS.get(content_type) if type(content_type) is bytes else None
+        if kind is None:
+            kind = _reply_kind(content_type)
+        if kind == _HEAD:
+            self.sse, self.head_bytes, self.tail = SseEvents(), 0, None
+        elif kind == _JSON:
+            self.json_parts, self.json_bytes = [], 0
         else:
-            self.facts.flag(names.GEN_AI_UNPARSABLE_CONTENT_TYPE)
-            self.mode = _PASS
+            self.flag(names.GEN_AI_UNPARSABLE_CONTENT_TYPE)
+        self.mode = kind
 
     def _head(self, body: bytes) -> None:
         """Read events until the first content event; then switch to the ring of references."""
         sse = self.sse
         assert sse is not None
-        facts = self.facts
         self.head_bytes += len(body)
         for data in sse.feed(body):
-            if update_from_event(self.operation, data, facts) and self.first_token_at is None:
+            if update_from_event(self.operation, data, self) and self.first_token_at is None:
                 self.first_token_at = now = time.perf_counter()
-                facts.content_started = True
+                self.content_started = True
                 span = self.span
                 if span is not None:
                     span.add_event(
                         names.SPAN_EVENT_GEN_AI_FIRST_TOKEN,
                         {names.ATTR_GEN_AI_TIME_TO_FIRST_TOKEN: now - self.started},
                     )
-        if facts.content_started or self.head_bytes > MAX_HEAD_BYTES:
+        if self.content_started or self.head_bytes > MAX_HEAD_BYTES:
             self.tail = deque(maxlen=TAIL_CHUNKS)
             self.mode = _TAIL
 
     # -- after the last byte -------------------------------------------------------------------------------
 
-    def read_reply(self) -> None:
-        """Read what was kept: the JSON document, or the stream's last events (called once, by _record)."""
-        facts = self.facts
-        if self.mode == _JSON:
-            facts_from_json(self.operation, b"".join(self.json_parts), facts)
-            return
+    def read_stream(self) -> None:
+        """Read what was kept of a streamed reply: its last events (called once, by _record)."""
         sse = self.sse
         if sse is None:
             return
@@ -327,11 +318,11 @@ class _Call:
         if self.tail:
             truncated = self._read_tail(sse)
         if self.complete and truncated:
-            facts.flag(names.GEN_AI_UNPARSABLE_TRUNCATED)
+            self.flag(names.GEN_AI_UNPARSABLE_TRUNCATED)
         if sse.dropped:
-            facts.flag(names.GEN_AI_UNPARSABLE_TOO_LARGE)
-        if not facts.has_usage:
-            facts.flag(names.GEN_AI_UNPARSABLE_MISSING_USAGE)
+            self.flag(names.GEN_AI_UNPARSABLE_TOO_LARGE)
+        if not self.has_usage:
+            self.flag(names.GEN_AI_UNPARSABLE_MISSING_USAGE)
 
     def _read_tail(self, sse: SseEvents) -> bool:
         """Read the last ``TAIL_EVENTS`` events of what was kept, joining only the chunks they are in (never
@@ -339,7 +330,7 @@ class _Call:
         tail = self.tail
         assert tail is not None
         self.tail = None
-        operation, facts = self.operation, self.facts
+        operation = self.operation
         chunks = list(tail)
         trimmed = len(chunks) == tail.maxlen  # older chunks may have left the ring
         first = 0
@@ -348,7 +339,7 @@ class _Call:
             while first < len(chunks) and sse.pending:
                 for event in sse.feed(chunks[first]):
                     if _late_event(operation, event):
-                        update_from_event(operation, event, facts)
+                        update_from_event(operation, event, self)
                 first += 1
             if sse.pending:
                 return True
@@ -370,7 +361,7 @@ class _Call:
         if len(data) > limit:
             data = data[len(data) - limit :]
             trimmed = True
-        if b"\r" in data:
+        if data.find(b"\r") >= 0:
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         blocks = data.split(b"\n\n")  # one C call; the last piece is what follows the last event
         rest = blocks.pop()
@@ -380,7 +371,7 @@ class _Call:
             if _late_event(operation, block):  # a byte search before any per-line work
                 payload = _event_data(block)
                 if payload is not None:
-                    update_from_event(operation, payload, facts)
+                    update_from_event(operation, payload, self)
         return bool(rest.strip())
 
     def outcome(self, error: BaseException | None) -> str:
@@ -397,6 +388,23 @@ class _Call:
         if self.status >= 400:
             return names.GEN_AI_OUTCOME_UPSTREAM_ERROR
         return names.GEN_AI_OUTCOME_OK
+
+
+#: A reply's content type -> how it is read (_HEAD: a stream, _JSON, _PASS: not); the app's own values.
+_REPLY_KINDS: dict[bytes, int] = {}
+
+
+def _reply_kind(content_type: bytes) -> int:
+    """How a reply of ``content_type`` is read (remembered: three bytes calls cost more than a lookup)."""
+    lowered = content_type.lower()  # find, not ``in``: on bytes that first tries its operand as an int
+    kind = _PASS if lowered.find(b"json") < 0 else _JSON
+    if lowered.startswith(b"text/event-stream"):
+        kind = _HEAD
+    if type(content_type) is bytes:
+        if len(_REPLY_KINDS) >= 64:
+            _REPLY_KINDS.clear()
+        _REPLY_KINDS[content_type] = kind
+    return kind
 
 
 def _event_data(block: bytes) -> bytes | None:
@@ -426,13 +434,12 @@ def _late_event(operation: str, data: bytes) -> bool:
     """Whether an event after the first content may carry usage or a finish reason (parse only those)."""
     if operation == names.GEN_AI_OPERATION_CHAT:
         return _non_null_after(data, b'"usage"') or _non_null_after(data, b'"finish_reason"')
+    find = data.find  # not ``in``: on bytes it first tries its operand as an int (an exception each time)
     if operation == names.GEN_AI_OPERATION_RESPONSES:
-        return (
-            b'"response.completed"' in data
-            or b'"response.incomplete"' in data
-            or (b'"response.failed"' in data or b'"error"' in data)
+        return find(b'"response.completed"') >= 0 or find(b'"response.incomplete"') >= 0 or (
+            find(b'"response.failed"') >= 0 or find(b'"error"') >= 0
         )
-    return b"message_delta" in data or b'"error"' in data
+    return find(b"message_delta") >= 0 or find(b'"error"') >= 0
 
 
 def _is_disconnect(error: BaseException) -> bool:
@@ -486,7 +493,7 @@ class ModelCallMiddleware:
         if operation is None or instruments is None or not STATE.enabled:
             await self.app(scope, receive, send)
             return
-        call = _Call(operation, receive, send, _server_span(), self._complete)
+        call = _Call(operation, receive, send, _server_span(), self)
         error: BaseException | None = None
         try:
             await self.app(scope, call.receive, call.send)
@@ -510,7 +517,7 @@ class ModelCallMiddleware:
         server = self.server_name or STATE.server_name or ""
         model: str | None = None
         if self._label_model:
-            model = call.request_model or call.facts.response_model
+            model = call.request_model or call.response_model
             if model not in self.allowed_models:
                 model = names.GEN_AI_MODEL_OTHER
         key = (server, call.operation, model)
@@ -532,13 +539,18 @@ class ModelCallMiddleware:
     def _record(self, call: _Call, error: BaseException | None, instruments: Instruments) -> None:
         """Metrics and SERVER-span attributes of one call (once: after its last byte, else when it ended)."""
         call.recorded = True
-        ended = call.ended if call.complete else time.perf_counter()
-        outcome = call.outcome(error)
-        call.read_reply()
-        facts = call.facts
+        if call.complete:  # the usual call: its whole reply went out
+            ended = call.ended
+            outcome = names.GEN_AI_OUTCOME_OK if 0 < call.status < 400 else call.outcome(error)
+        else:
+            ended = time.perf_counter()
+            outcome = call.outcome(error)
+        if call.mode == _JSON:  # (a one-part body is not copied by join)
+            facts_from_json(call.operation, b"".join(call.json_parts), call)
+        else:
+            call.read_stream()
         points = self._points_for(call, instruments)
-        # Exemplars (one decision for the call) on the latency points, where a dashboard links a slow call to
-        # its trace; the token and finish counts go without (the SERVER span carries them too).
+        # an exemplar (one decision per call) on the latency points only: the span carries the counts too
         pre = instruments.pre
         exemplar = pre.exemplar() if pre is not None else None
         measurements = [(points.duration[outcome], ended - call.started, exemplar)]
@@ -551,26 +563,26 @@ class ModelCallMiddleware:
         if ok and call.first_token_at is not None:
             measurements.append((points.ttft, call.first_token_at - call.started, exemplar))
         tokens = points.tokens
-        count = facts.input_tokens
+        count = call.input_tokens
         if count is not None:
             measurements.append((tokens[0], count, None))
             attributes[names.ATTR_GEN_AI_USAGE_INPUT_TOKENS] = count
-        count = facts.output_tokens
+        count = call.output_tokens
         if count is not None:
             measurements.append((tokens[1], count, None))
             attributes[names.ATTR_GEN_AI_USAGE_OUTPUT_TOKENS] = count
-        if facts.reasoning_tokens is not None or facts.cached_input_tokens is not None:  # the rarer two
-            counts = (facts.reasoning_tokens, facts.cached_input_tokens)
+        if call.reasoning_tokens is not None or call.cached_input_tokens is not None:  # the rarer two
+            counts = (call.reasoning_tokens, call.cached_input_tokens)
             for point, key, count in zip(tokens[2:], TOKEN_SPAN_KEYS[2:], counts, strict=True):
                 if count is not None:
                     measurements.append((point, count, None))
                     attributes[key] = count
-        reasons = facts.finish_tuple()
+        reasons = call.finish_tuple()
         if reasons:  # normalised by genai: always of the fixed set
             for reason in reasons:
                 measurements.append((points.finishes[reason], 1, None))
             attributes[names.ATTR_GEN_AI_RESPONSE_FINISH_REASONS] = reasons
-        problem = facts.problem if ok else None
+        problem = call.problem if ok else None
         if problem is not None:
             measurements.append((points.unparsable[problem], 1, None))
         points.emit(measurements)
@@ -581,11 +593,10 @@ class ModelCallMiddleware:
             if problem is not None:
                 attributes[names.ATTR_GEN_AI_UNPARSABLE_REASON] = problem
             # the names: the request's (scanned), the reply's model and id; text a peer chose, so scrubbed
-            for key, value in (
-                (names.ATTR_GEN_AI_REQUEST_MODEL, call.request_model),
-                (names.ATTR_GEN_AI_RESPONSE_MODEL, facts.response_model),
-                (names.ATTR_GEN_AI_RESPONSE_ID, facts.response_id),
-            ):
-                if value is not None:
-                    attributes[key] = span_text(value)
+            if call.request_model is not None:
+                attributes[names.ATTR_GEN_AI_REQUEST_MODEL] = span_text(call.request_model)
+            if call.response_model is not None:
+                attributes[names.ATTR_GEN_AI_RESPONSE_MODEL] = span_text(call.response_model)
+            if call.response_id is not None:
+                attributes[names.ATTR_GEN_AI_RESPONSE_ID] = span_text(call.response_id)
             set_trusted_attributes(span, attributes)

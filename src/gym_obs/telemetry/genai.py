@@ -72,8 +72,8 @@ _RESPONSES_START_EVENTS: Final = frozenset({"response.created", "response.in_pro
 #: The finish reasons of a single choice, one shared tuple per normalised reason.
 _ONE_FINISH: Final = {reason: (reason,) for reason in names.GEN_AI_FINISH_REASONS}
 
-_MODEL_KEY: Final = b'"model"'
-_MODEL_VALUE: Final = re.compile(rb'"model"\s*:\s*"([^"\\\x00-\x1f]{1,256})"')
+#: The first ``"model"`` key of a request, and its value when that is a plain string (else group 1 is None).
+_MODEL_VALUE: Final = re.compile(rb'"model"(?:\s*:\s*"([^"\\\x00-\x1f]{1,256})")?')
 
 
 def dialect_for_path(path: str) -> str | None:
@@ -90,6 +90,8 @@ def dialect_for_path(path: str) -> str | None:
 
 def clean_name(value: object) -> str | None:
     """A model name or id fit for a span: a printable string of bounded length, else None."""
+    if type(value) is str and 0 < len(value) <= _MAX_NAME_CHARS:  # the usual case, in fewer steps
+        return value if value.isprintable() else None
     if not isinstance(value, str) or not value:
         return None
     if len(value) > _MAX_NAME_CHARS:
@@ -100,6 +102,8 @@ def clean_name(value: object) -> str | None:
 # Scrubbed names and ids for spans (model names repeat; a scrub costs microseconds); cleared when full.
 _SCRUBBED: dict[str, str] = {}
 _MAX_SCRUBBED: Final = 1024
+# A request's raw model value -> its clean name ("" for none); bounded like _SCRUBBED.
+_REQUEST_MODELS: dict[bytes, str] = {}
 
 
 def span_text(value: str | None) -> str | None:
@@ -116,16 +120,21 @@ def span_text(value: str | None) -> str | None:
 
 
 def model_from_request_body(body: bytes) -> str | None:
-    """The request's ``"model": "..."`` (the first one in ``body``), without parsing the JSON document."""
+    """The request's ``"model": "..."`` (at the first ``"model"`` in ``body``), without parsing the JSON."""
     try:
-        at = body.find(_MODEL_KEY)
-        if at < 0:
-            return None
-        match = _MODEL_VALUE.match(body, at)
+        match = _MODEL_VALUE.search(body)  # one C call: the first "model", with its value when it has one
         if match is None:
             return None
-        return clean_name(match.group(1).decode("utf-8", "replace"))
-    except Exception:  # pragma: no cover - bytes.find/regex on bytes do not fail; defensive
+        raw = match.group(1)
+        if raw is None:
+            return None
+        name = _REQUEST_MODELS.get(raw)
+        if name is None:  # model names repeat: decoded and checked once
+            if len(_REQUEST_MODELS) >= _MAX_SCRUBBED:
+                _REQUEST_MODELS.clear()
+            name = _REQUEST_MODELS[raw] = clean_name(raw.decode("utf-8", "replace")) or ""
+        return name or None
+    except Exception:  # pragma: no cover - a regex on bytes does not fail; defensive
         return None
 
 
@@ -246,12 +255,19 @@ def _openai_usage(facts: ReplyFacts, usage: object, keys: tuple[str, str, str, s
         facts.flag(names.GEN_AI_UNPARSABLE_INVALID_USAGE)
         return
     input_key, output_key, input_details, output_details = keys
-    value = _count(facts, usage, input_key)
+    # the two counts every reply has, checked in place (what _count does, without its call)
+    value = usage.get(input_key)
     if value is not None:
-        facts.input_tokens = value
-    value = _count(facts, usage, output_key)
+        if type(value) is int and 0 <= value <= MAX_TOKENS:
+            facts.input_tokens = value
+        else:
+            facts.flag(names.GEN_AI_UNPARSABLE_INVALID_USAGE)
+    value = usage.get(output_key)
     if value is not None:
-        facts.output_tokens = value
+        if type(value) is int and 0 <= value <= MAX_TOKENS:
+            facts.output_tokens = value
+        else:
+            facts.flag(names.GEN_AI_UNPARSABLE_INVALID_USAGE)
     details = usage.get(input_details)
     if details is not None:
         value = _count(facts, details, "cached_tokens")
@@ -289,18 +305,19 @@ def _messages_usage(facts: ReplyFacts, usage: object) -> None:
 def _chat_choices(facts: ReplyFacts, choices: object) -> None:
     if type(choices) is not list:
         return
-    if len(choices) > _MAX_FINISH_REASONS:
-        choices = choices[:_MAX_FINISH_REASONS]
-    for position, choice in enumerate(choices):
-        reason = choice.get("finish_reason") if type(choice) is dict else None
-        if reason is not None:
-            index = choice.get("index")
-            facts.add_finish(
-                _CHAT_FINISH.get(reason, names.GEN_AI_FINISH_OTHER)
-                if type(reason) is str
-                else names.GEN_AI_FINISH_OTHER,
-                index if type(index) is int else position,
-            )
+    for position, choice in enumerate(
+        choices if len(choices) <= _MAX_FINISH_REASONS else choices[:_MAX_FINISH_REASONS]
+    ):
+        if type(choice) is dict:
+            reason = choice.get("finish_reason")
+            if reason is not None:
+                index = choice.get("index")
+                facts.add_finish(
+                    _CHAT_FINISH.get(reason, names.GEN_AI_FINISH_OTHER)
+                    if type(reason) is str
+                    else names.GEN_AI_FINISH_OTHER,
+                    index if type(index) is int else position,
+                )
 
 
 def _responses_object(facts: ReplyFacts, response: object) -> None:
@@ -421,7 +438,8 @@ class SseEvents:
             return done
         if self._after_cr and chunk.startswith(b"\n"):
             chunk = chunk[1:]  # the LF of a CRLF split across chunks: its line already ended
-        if b"\n" not in chunk and b"\r" not in chunk:
+        # find, not ``in``: on bytes ``in`` first tries its operand as an int (an exception each time)
+        if chunk.find(b"\n") < 0 and chunk.find(b"\r") < 0:
             # still inside one line: keep the piece (no copy) unless the line grew too long
             if not self._skipping:
                 self._partial.append(chunk)
@@ -432,7 +450,7 @@ class SseEvents:
         self._after_cr = chunk.endswith(b"\r")
         partial = self._partial
         buffer = b"".join((*partial, chunk)) if partial else chunk
-        if b"\r" in buffer:
+        if buffer.find(b"\r") >= 0:
             # CRLF and a lone CR end lines too
             buffer = buffer.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         lines = buffer.split(b"\n")
@@ -573,12 +591,3 @@ def _messages_event(event: dict[str, Any], facts: ReplyFacts) -> bool:
     elif kind == "error":
         facts.add_finish(names.GEN_AI_FINISH_ERROR)
     return False
-
-
-#: Substrings of the events that can change the facts after content started (the rest are deltas).
-STREAM_TAIL_MARKERS: Final = (b"usage", b"finish_reason", b"stop_reason", b"response.", b'"error"')
-
-
-def is_tail_event(data: bytes) -> bool:
-    """Whether a late event may carry usage or a finish reason (cheap filter before parsing it)."""
-    return any(marker in data for marker in STREAM_TAIL_MARKERS)
