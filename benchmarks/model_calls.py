@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import itertools
 import json
 import os
 import statistics
@@ -62,14 +63,19 @@ def _events(content_chunks: int) -> list[bytes]:
     ]
 
 
-_JSON_REPLY = json.dumps(
-    {
-        "id": "c1",
-        "model": "m",
-        "choices": [{"index": 0, "message": {"content": "hello " * 40}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 120, "completion_tokens": 40},
-    }
-).encode()
+def _json_reply(call_id: str) -> bytes:
+    return json.dumps(
+        {
+            "id": call_id,
+            "model": "m",
+            "choices": [{"index": 0, "message": {"content": "hello " * 40}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 120, "completion_tokens": 40},
+        }
+    ).encode()
+
+
+# A real reply's id is new every call (no cache of the layer may hit on it): replies cycle through these.
+_JSON_REPLIES = itertools.cycle([_json_reply(f"chatcmpl-{n:032x}") for n in range(4096)])
 _REQUEST = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi " * 50}]}).encode()
 
 
@@ -91,7 +97,7 @@ def build_app(layer: bool, port: int, gap_s: float = 0.0) -> Any:
                 body = await request.body()
                 chunks = streams.get(int(request.query_params.get("chunks", "0")))
                 if chunks is None:
-                    return Response(_JSON_REPLY, media_type="application/json")
+                    return Response(next(_JSON_REPLIES), media_type="application/json")
 
                 async def stream() -> Any:
                     for piece in chunks:
@@ -151,7 +157,7 @@ def build_layer_app(layer: bool) -> Any:
         chunks = streams.get(int(query[7:])) if query else None
         if chunks is None:
             await send(json_start)
-            await send({"type": "http.response.body", "body": _JSON_REPLY, "more_body": False})
+            await send({"type": "http.response.body", "body": next(_JSON_REPLIES), "more_body": False})
             return
         await send(sse_start)
         for piece in chunks:

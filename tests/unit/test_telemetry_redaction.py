@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import string
 import time
 from urllib.parse import quote
@@ -19,6 +20,7 @@ from gym_obs.telemetry.redaction import (
     redact_url,
     scrub_headers,
     scrub_text,
+    scrub_word,
 )
 
 # --- redact_url ------------------------------------------------------------------------------------------
@@ -328,3 +330,22 @@ def test_redact_url_never_raises_on_bytes(value: bytes) -> None:
 def test_the_session_token_header_is_never_recorded() -> None:
     assert names.SESSION_HEADER.lower() in SENSITIVE_HEADERS
     assert scrub_headers({names.SESSION_HEADER: "tok.sig"}) == {names.SESSION_HEADER: REDACTED}
+
+
+def test_scrub_word_is_scrub_text_for_every_word_and_passes_the_rest_on() -> None:
+    rng = random.Random(7)
+    alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-"
+    planted = (
+        "sk-", "sk_live_", "ghp_", "github_pat_", "xoxb-", "hf_", "glpat-", "AKIA", "eyJ", "task-",
+        "api_key=", "token:", "Bearer ", "https://u:p@h/x?q=1", "?a=b", " ",
+    )  # fmt: skip
+    words = [
+        "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+        + rng.choice(planted)
+        + "".join(rng.choice(alphabet.upper()) for _ in range(rng.randint(0, 30)))
+        for _ in range(20_000)
+    ]
+    words += ["chatcmpl-9xAbC", "resp_" + "a" * 32, "msg_01XYZ", "sk-" + "A" * 20, "AKIA" + "B" * 16, ""]
+    for word in words:
+        assert scrub_word(word) == scrub_text(word), word
+    assert scrub_word("sk-" + "A" * 20) != "sk-" + "A" * 20  # a key in an id is still removed

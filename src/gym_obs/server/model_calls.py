@@ -42,6 +42,7 @@ from gym_obs.telemetry.genai import (
     dialect_for_path,
     facts_from_json,
     model_from_request_body,
+    span_id,
     span_text,
     update_from_event,
 )
@@ -598,5 +599,5 @@ class ModelCallMiddleware:
             if call.response_model is not None:
                 attributes[names.ATTR_GEN_AI_RESPONSE_MODEL] = span_text(call.response_model)
             if call.response_id is not None:
-                attributes[names.ATTR_GEN_AI_RESPONSE_ID] = span_text(call.response_id)
+                attributes[names.ATTR_GEN_AI_RESPONSE_ID] = span_id(call.response_id)
             set_trusted_attributes(span, attributes)

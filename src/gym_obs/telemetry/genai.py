@@ -17,7 +17,7 @@ from typing import Any, Final
 import orjson
 
 from gym_obs.telemetry import names
-from gym_obs.telemetry.redaction import scrub_text
+from gym_obs.telemetry.redaction import scrub_text, scrub_word
 
 __all__ = [
     "MAX_TOKENS",
@@ -107,8 +107,8 @@ _REQUEST_MODELS: dict[bytes, str] = {}
 
 
 def span_text(value: str | None) -> str | None:
-    """A name or id from a request or reply (already :func:`clean_name`-ed), scrubbed for a span: a model
-    name or response id is text a peer chose, so it may carry a secret like any other."""
+    """A model name from a request or reply (already :func:`clean_name`-ed), scrubbed for a span: it is text
+    a peer chose, so it may carry a secret like any other (cached: names repeat)."""
     if value is None:
         return None
     found = _SCRUBBED.get(value)
@@ -117,6 +117,12 @@ def span_text(value: str | None) -> str | None:
             _SCRUBBED.clear()
         found = _SCRUBBED[value] = scrub_text(value)
     return found
+
+
+def span_id(value: str | None) -> str | None:
+    """A reply's id for a span, scrubbed like :func:`span_text` but never cached (ids are unique per call:
+    a cache would only churn), through the word-sized scrubber ids fit."""
+    return None if value is None else scrub_word(value)
 
 
 def model_from_request_body(body: bytes) -> str | None:

@@ -23,6 +23,7 @@ __all__ = [
     "redact_url",
     "scrub_headers",
     "scrub_text",
+    "scrub_word",
 ]
 
 REDACTED: Final = "[REDACTED]"
@@ -244,6 +245,25 @@ def scrub_text(text: str) -> str:
         return text
     except Exception:
         return _TEXT_PLACEHOLDER
+
+
+# One word of the characters ids are made of: no URL, query, separator or space can occur in it, so of
+# scrub_text's patterns only the prefixed keys, AWS key ids and JWTs can match inside one.
+_WORD_RE: Final = re.compile(r"[A-Za-z0-9_\-]*")
+
+
+def scrub_word(text: str) -> str:
+    """:func:`scrub_text`, the same result, for an id-like word (``chatcmpl-9x…``, ``resp_68…``): only the
+    patterns that fit inside a word of ``[A-Za-z0-9_-]`` are searched (about a tenth of the cost); any other
+    text goes through :func:`scrub_text`. For values that are unique per call, where no cache helps."""
+    if (
+        _WORD_RE.fullmatch(text) is None
+        or _PREFIXED_KEY_RE.search(text) is not None
+        or _AWS_KEY_RE.search(text) is not None
+        or "eyJ" in text
+    ):
+        return scrub_text(text)
+    return text
 
 
 def _scrub_urls(text: str) -> str:
