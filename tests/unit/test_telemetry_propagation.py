@@ -21,6 +21,7 @@ from gym_obs.telemetry import names
 from gym_obs.telemetry.propagation import (
     ParsedPath,
     apply_rollout_prefix,
+    context_from_traceparent,
     current_rollout_id,
     format_traceparent,
     inject_trace_headers,
@@ -262,3 +263,27 @@ def test_inject_trace_headers_is_a_no_op_when_off() -> None:
     headers: dict[str, str] = {}
     inject_trace_headers(headers)
     assert headers == {}
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00",
+        " 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-03\t",
+        "01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-future",
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-extra",
+        "ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        "00-00000000000000000000000000000000-b7ad6b7169203331-01",
+        "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01",
+        "00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-01",
+        "garbage",
+        "",
+    ],
+)
+def test_context_from_traceparent_is_what_the_sdk_propagator_extracts(value: str) -> None:
+    ours = trace.get_current_span(context_from_traceparent(value)).get_span_context()
+    sdk = trace.get_current_span(
+        TraceContextTextMapPropagator().extract({"traceparent": value})
+    ).get_span_context()
+    assert ours == sdk and ours.is_remote == sdk.is_remote and ours.trace_flags == sdk.trace_flags

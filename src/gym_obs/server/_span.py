@@ -38,7 +38,6 @@ is identical: names, kinds, parent edges, attribute values, the metric's name, u
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Sequence
 from time import perf_counter
 from typing import Any, Final
@@ -51,21 +50,9 @@ except ImportError:  # pragma: no cover - older FastAPI: the routes are matchabl
     iter_route_contexts = None  # type: ignore[assignment]
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.context import Context
 from opentelemetry.propagate import get_global_textmap
-from opentelemetry.propagators.composite import CompositePropagator
-from opentelemetry.trace import (
-    INVALID_SPAN,
-    NonRecordingSpan,
-    Span,
-    SpanContext,
-    SpanKind,
-    Status,
-    StatusCode,
-    TraceFlags,
-)
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
 from starlette.routing import Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -75,7 +62,7 @@ from gym_obs.telemetry import names
 from gym_obs.telemetry._state import STATE
 from gym_obs.telemetry._types import AttributeValue
 from gym_obs.telemetry.metrics import AttributeCache
-from gym_obs.telemetry.propagation import current_rollout_id
+from gym_obs.telemetry.propagation import context_from_traceparent, current_rollout_id, w3c_default_propagator
 from gym_obs.telemetry.redaction import scrub_text
 from gym_obs.telemetry.spans import record_exception, set_trusted_attributes, start_trusted_span
 
@@ -96,12 +83,6 @@ _WANTED: Final = {
     b"tracestate": _CONTEXT,
     b"baggage": _CONTEXT,
 }
-# TraceContextTextMapPropagator's pattern and rules (``_w3c_parent``).
-_TRACEPARENT_RE: Final = re.compile(
-    r"^[ \t]*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?[ \t]*$"
-)
-_ZERO_TRACE_ID: Final = "0" * 32
-_ZERO_SPAN_ID: Final = "0" * 16
 _ROOT: Final = Context()  # no caller context: the span starts a trace (as contrib's extract does)
 _NO_ATTRIBUTES: Final[dict[str, AttributeValue]] = {}  # the SERVER span gets its attributes when it ends
 _MAX_CACHED: Final = 256  # request shapes and span names remembered (cleared when full)
@@ -133,8 +114,8 @@ class ServerSpanMiddleware:
     Per request it builds no object of its own: the reply status comes from the request's shared
     :class:`~gym_obs.server._exchange.Exchange` (whose ``send`` wrapper the layers already share), the
     request attributes that depend only on the request's shape (method, scheme, version, ``Host``,
-    ``User-Agent``) are copied from a per-shape cache, a ``traceparent``-only carrier is parsed here with
-    a compiled pattern (the SDK propagator looks its pattern up in ``re``'s cache on every call), and the
+    ``User-Agent``) are copied from a per-shape cache, a ``traceparent``-only carrier is parsed by
+    ``propagation.context_from_traceparent`` (under the W3C default propagator), and the
     attributes, made valid here, go onto the span in one trusted pass when it ends.
     """
 
@@ -151,8 +132,6 @@ class ServerSpanMiddleware:
         )
         self._shapes: dict[tuple[Any, ...], dict[str, AttributeValue]] = {}
         self._names: dict[tuple[str, str | None], str] = {}
-        self._textmap: object = None
-        self._w3c_only = False
         self._failed_once = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -223,8 +202,10 @@ class ServerSpanMiddleware:
             kind = SpanKind.INTERNAL
         else:
             kind = SpanKind.SERVER
-            if carrier is None and self._w3c_default():
-                parent = _ROOT if traceparent is None else _w3c_parent(traceparent.decode("latin-1"))
+            if carrier is None and w3c_default_propagator():
+                parent = (
+                    _ROOT if traceparent is None else context_from_traceparent(traceparent.decode("latin-1"))
+                )
             else:
                 if traceparent is not None:
                     carrier = carrier or {}
@@ -246,15 +227,6 @@ class ServerSpanMiddleware:
                 self._shapes.clear()
             found = self._shapes[key] = _shape_attributes(scope, raw_method, host, agent)
         return found
-
-    def _w3c_default(self) -> bool:
-        """Whether the global propagator is the default W3C trace context + baggage pair (checked once per
-        propagator object), so a carrier of one ``traceparent`` can be parsed here."""
-        textmap = get_global_textmap()
-        if textmap is not self._textmap:
-            self._textmap = textmap
-            self._w3c_only = _is_w3c_default(textmap)
-        return self._w3c_only
 
     def _finish(
         self,
@@ -359,30 +331,6 @@ def _shape_attributes(
         text = scrub_text(agent[:_MAX_RAW_USER_AGENT].decode("latin-1"))
         attributes[names.ATTR_USER_AGENT_ORIGINAL] = text[: names.MAX_USER_AGENT_CHARS]
     return attributes
-
-
-def _is_w3c_default(textmap: object) -> bool:
-    propagators = getattr(textmap, "_propagators", None)
-    return (
-        type(textmap) is CompositePropagator
-        and isinstance(propagators, list | tuple)
-        and [type(p) for p in propagators] == [TraceContextTextMapPropagator, W3CBaggagePropagator]
-    )
-
-
-def _w3c_parent(value: str) -> Context:
-    """The context ``TraceContextTextMapPropagator`` extracts from a carrier holding only ``value`` as its
-    ``traceparent`` (same pattern, same rules), without its per-call pattern lookup."""
-    match = _TRACEPARENT_RE.match(value)
-    if match is None:
-        return _ROOT
-    version, trace_id, span_id, flags, rest = match.groups()
-    if trace_id == _ZERO_TRACE_ID or span_id == _ZERO_SPAN_ID or version == "ff":
-        return _ROOT
-    if version == "00" and rest:
-        return _ROOT
-    remote = SpanContext(int(trace_id, 16), int(span_id, 16), True, TraceFlags(int(flags, 16)))
-    return trace.set_span_in_context(NonRecordingSpan(remote), _ROOT)
 
 
 def _method(raw: str) -> str:

@@ -39,6 +39,7 @@ __all__ = [
     "ParsedPath",
     "apply_rollout_prefix",
     "async_rollout_prefix_hook",
+    "context_from_traceparent",
     "current_rollout_id",
     "format_traceparent",
     "inject_trace_headers",
@@ -49,6 +50,7 @@ __all__ = [
     "rollout_prefix_hook",
     "should_propagate",
     "trace_context_path_segment",
+    "w3c_default_propagator",
     "with_rollout_prefix",
 ]
 
@@ -428,6 +430,44 @@ def _is_w3c_default(textmap: TextMapPropagator) -> bool:
     return TraceContextTextMapPropagator in kinds and all(kind in _W3C_TYPES for kind in kinds)
 
 
+def w3c_default_propagator() -> bool:
+    """Whether the global propagator is the W3C default (:func:`_is_w3c_default`; checked once per
+    propagator object): then a ``traceparent`` is written and read here, as it would write and read it."""
+    global _checked
+    textmap = propagate.get_global_textmap()
+    checked, w3c = _checked
+    if textmap is not checked:
+        w3c = _is_w3c_default(textmap)
+        _checked = (textmap, w3c)
+    return w3c
+
+
+# TraceContextTextMapPropagator's header pattern and rules (context_from_traceparent), not the stricter
+# rule of the /ng-trace path segment (_TRACEPARENT_RE).
+_TRACEPARENT_HEADER_RE: Final = re.compile(
+    r"^[ \t]*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?[ \t]*$"
+)
+_ZERO_TRACE_ID: Final = "0" * 32
+_ZERO_SPAN_ID: Final = "0" * 16
+_EMPTY_CONTEXT: Final = Context()
+
+
+def context_from_traceparent(value: str) -> Context:
+    """The context ``TraceContextTextMapPropagator`` extracts from a carrier holding only ``value`` as its
+    ``traceparent`` (same pattern, same rules; an empty context for an invalid one), without its per-call
+    pattern look-up: for a server whose :func:`w3c_default_propagator` holds."""
+    match = _TRACEPARENT_HEADER_RE.match(value)
+    if match is None:
+        return _EMPTY_CONTEXT
+    version, trace_id, span_id, flags, rest = match.groups()
+    if trace_id == _ZERO_TRACE_ID or span_id == _ZERO_SPAN_ID or version == "ff":
+        return _EMPTY_CONTEXT
+    if version == "00" and rest:
+        return _EMPTY_CONTEXT
+    remote = trace.SpanContext(int(trace_id, 16), int(span_id, 16), True, trace.TraceFlags(int(flags, 16)))
+    return trace.set_span_in_context(trace.NonRecordingSpan(remote), _EMPTY_CONTEXT)
+
+
 def inject_trace_headers(headers: MutableMapping[str, str], context: Context | None = None) -> None:
     """Inject the trace context of ``context`` (default: the current one) into ``headers`` with the global
     propagator: ``traceparent`` (and ``tracestate``, ``baggage`` when there are any).
@@ -439,14 +479,8 @@ def inject_trace_headers(headers: MutableMapping[str, str], context: Context | N
     """
     if not (STATE.enabled and STATE.traces_enabled):
         return
-    global _checked
-    textmap = propagate.get_global_textmap()
-    checked, w3c = _checked
-    if textmap is not checked:
-        w3c = _is_w3c_default(textmap)
-        _checked = (textmap, w3c)
-    if not w3c or baggage.get_all(context):
-        textmap.inject(headers, context)
+    if not w3c_default_propagator() or baggage.get_all(context):
+        propagate.get_global_textmap().inject(headers, context)
         return
     span_context = trace.get_current_span(context).get_span_context()
     if span_context == trace.INVALID_SPAN_CONTEXT:
