@@ -107,6 +107,15 @@ _ENTRYPOINT_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"
 #: The server types of a global config (NeMo Gym's): each decides the boundary its failures are reported
 #: at (model, resources_server, agent) and what the runtime adds (model-call metrics, the in-flight table).
 SERVER_TYPES: Final = ("responses_api_agents", "responses_api_models", "resources_servers")
+#: A server's own-config section for its model-call layer (``server/model_calls.py``); callers read it too.
+MODEL_CALLS_CONFIG_KEY: Final = "model_calls"
+
+
+def model_calls_enabled(server_type: str, switch: object) -> bool:
+    """Whether a server's dialect routes are model calls: its ``model_calls.enabled`` when that is a bool,
+    else on for ``responses_api_models``. The server's own layer and its callers (``ServerClient``) follow
+    this one rule, so both ends of a hop agree."""
+    return switch if isinstance(switch, bool) else server_type == "responses_api_models"
 
 
 class ConfigError(ValueError):

@@ -70,6 +70,7 @@ import aiohttp
 from opentelemetry.trace import Span
 
 from gym_obs.client._reply_watch import unwatch, watch, watcher_of
+from gym_obs.config import MODEL_CALLS_CONFIG_KEY, model_calls_enabled
 from gym_obs.telemetry import names
 from gym_obs.telemetry._state import STATE
 from gym_obs.telemetry.genai import (
@@ -103,8 +104,6 @@ MAX_JSON_BYTES: Final = 8 * 1024 * 1024
 #: :func:`iter_sse_data` refuses an event larger than this (the reader must stay bounded).
 MAX_SSE_EVENT_BYTES: Final = 64 * 1024 * 1024
 
-_MODEL_SERVER_TYPE: Final = "responses_api_models"
-_CONFIG_KEY: Final = "model_calls"
 _MAX_ALLOW_LIST: Final = 256
 _MAX_PROVIDER_CHARS: Final = 64
 _MAX_CACHED: Final = 1024
@@ -149,12 +148,9 @@ _UNKNOWN: Final = ModelCallTarget()
 def model_call_target(server_type: str, own_config: Mapping[str, Any]) -> ModelCallTarget:
     """The target a gym server's config describes: the rule its own model-call layer follows, read leniently
     (the server validates its config strictly when it starts; a caller only takes what is well formed)."""
-    raw = own_config.get(_CONFIG_KEY)
+    raw = own_config.get(MODEL_CALLS_CONFIG_KEY)
     section: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
-    enabled = section.get("enabled")
-    if not isinstance(enabled, bool):
-        enabled = server_type == _MODEL_SERVER_TYPE
-    if not enabled:
+    if not model_calls_enabled(server_type, section.get("enabled")):
         return NOT_A_MODEL_CALL
     provider = section.get("provider")
     allowed = section.get("model_allow_list")

@@ -31,7 +31,7 @@ from opentelemetry.trace import Span, SpanKind
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gym_obs.config import ConfigError
+from gym_obs.config import MODEL_CALLS_CONFIG_KEY, ConfigError, model_calls_enabled
 from gym_obs.server._model_call_points import TOKEN_SPAN_KEYS, CallPoints
 from gym_obs.telemetry import names
 from gym_obs.telemetry._exemplars import current_recorded_span
@@ -50,15 +50,12 @@ from gym_obs.telemetry.metrics import Instruments
 from gym_obs.telemetry.spans import set_trusted_attributes
 
 __all__ = [
-    "MODEL_CALLS_CONFIG_KEY",
     "ModelCallConfig",
     "ModelCallMiddleware",
     "install_model_calls",
     "model_call_config",
 ]
 
-MODEL_CALLS_CONFIG_KEY: Final = "model_calls"
-MODEL_SERVER_TYPE: Final = "responses_api_models"
 
 #: A JSON reply larger than this is not read (``too_large``); its bytes still pass untouched.
 MAX_JSON_BYTES: Final = 8 * 1024 * 1024
@@ -110,8 +107,7 @@ def model_call_config(
             f"{'.'.join(str(p) for p in e['loc']) or 'value'}: {e['msg']}" for e in exc.errors()
         )
         raise ConfigError(f"{where}.{MODEL_CALLS_CONFIG_KEY}: {problems}") from None
-    enabled = config.enabled if config.enabled is not None else server_type == MODEL_SERVER_TYPE
-    return config if enabled else None
+    return config if model_calls_enabled(server_type, config.enabled) else None
 
 
 def install_model_calls(
