@@ -322,7 +322,7 @@ class RequestObserver:
             call.replied(response, span)
             self.end_ok(status)
             return
-        span.set_attribute(names.ATTR_HTTP_RESPONSE_STATUS_CODE, status)
+        set_trusted_attributes(span, _STATUS_ATTRS.get(status))
         if self.attempts > 1:
             span.set_attribute(names.ATTR_HTTP_REQUEST_RESEND_COUNT, self.attempts - 1)
         otel_context.detach(self.token)  # type: ignore[arg-type]
