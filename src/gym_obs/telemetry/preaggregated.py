@@ -310,7 +310,9 @@ class PreAggregation:
         (finite; not negative, except for an up-down counter): the SDK drops others, and ``record`` / ``add``
         do before they get here. An exemplar is kept as the last of its slot, as in the SDK's reservoirs (a
         histogram has a slot per bucket, a sum one)."""
-        with self.lock:
+        lock = self.lock
+        lock.acquire()  # not ``with``: that looks up and binds __enter__ and __exit__ each time
+        try:
             generation = self.generation
             for series, value, exemplar in measurements:
                 boundaries = series.boundaries
@@ -331,6 +333,8 @@ class PreAggregation:
                     if kept is None:
                         kept = series.kept = [None] * max(1, len(series.counts))
                     kept[slot] = (value, exemplar, generation)
+        finally:
+            lock.release()
 
     def exemplar(self, context: Context | None = None) -> Exemplar | None:
         """The exemplar decision for measurements made now (for :meth:`add_all`): the span context they

@@ -121,26 +121,36 @@ def set_trusted_attributes(span: Span, attributes: Mapping[str, AttributeValue])
     The SDK's ``set_attributes`` re-validates every value (about half a microsecond each); these were made
     valid at the source, so on an SDK span with the default limits (a count limit, no value-length limit)
     they go into its attribute store under the span's lock, as ``set_attributes`` would put them. Any
-    other span, or limits that could change a value, takes the public path.
+    other span, or limits that could change a value, takes the public path. The SDK's own span class (what
+    its tracer makes) is read directly; another class only through ``getattr``.
     """
-    store = getattr(span, "_attributes", None)
-    items = getattr(store, "_dict", None)
-    lock = getattr(span, "_lock", None)
-    maxlen = getattr(store, "maxlen", None)
+    sdk = type(span) is _Span
+    if sdk:
+        store: Any = span._attributes
+        lock: Any = span._lock
+    else:
+        store = getattr(span, "_attributes", None)
+        lock = getattr(span, "_lock", None)
+    if type(store) is not BoundedAttributes or lock is None:
+        span.set_attributes(attributes)
+        return
+    items = store._dict
+    maxlen = store.maxlen
     if (
-        type(store) is not BoundedAttributes
-        or type(items) is not dict
-        or lock is None
+        type(items) is not dict
         or store.max_value_len is not None
         or maxlen is None
         or len(items) + len(attributes) > maxlen
     ):
         span.set_attributes(attributes)
         return
-    with lock:
-        if getattr(span, "end_time", None) is not None:
-            return  # the SDK would only log that the span has ended
-        items.update(attributes)
+    lock.acquire()  # not ``with``: that looks up and binds __enter__ and __exit__ each time
+    try:
+        ended = span._end_time if sdk else getattr(span, "end_time", None)  # type: ignore[attr-defined]
+        if ended is None:  # ended: the SDK would only log that it has
+            items.update(attributes)
+    finally:
+        lock.release()
 
 
 # The SDK samplers whose decision never reads a span's attributes (they only carry them over).
