@@ -347,14 +347,17 @@ def test_scrub_word_is_scrub_text_for_every_word_and_passes_the_rest_on() -> Non
     ]
     words += ["chatcmpl-9xAbC", "resp_" + "a" * 32, "msg_01XYZ", "sk-" + "A" * 20, "AKIA" + "B" * 16, ""]
     # hex ids (no letter any key prefix starts with: the searches are skipped) with every prefix planted
-    prefixes = "sk- sk_live_ sk_test_ rk_live_ ghp_ gho_ ghs_ ghu_ github_pat_ xox[abpr]- hf_ glpat-".split()
+    prefixes = (
+        "sk-", "sk_live_", "sk_test_", "rk_live_", "ghp_", "gho_", "ghs_", "ghu_", "github_pat_",
+        "xox[abpr]-", "hf_", "glpat-",
+    )  # fmt: skip
     hex_digits = "0123456789abcdef-_"
     for prefix in prefixes:
         for variant in {prefix.replace("[abpr]", c) for c in "abpr"}:
             for key in ("A" * 20, "0" * 16, "0" * 15, "B1" * 10):
                 head = "".join(rng.choice(hex_digits) for _ in range(rng.randint(0, 12)))
                 words += [head + variant + key, variant + key, head + variant + key + "." + head]
-    words += ["chatcmpl-%032x" % n for n in range(64)] + ["resp_%048x" % n for n in range(64)]
+    words += [f"chatcmpl-{n:032x}" for n in range(64)] + [f"resp_{n:048x}" for n in range(64)]
     words += ["ASIA" + "C" * 16, "ab" + "AIPA" + "D" * 16, "eyJ" + "a" * 12, "caf\u00e9-1", "a\x00b", "a\tb"]
     for word in words:
         assert scrub_word(word) == scrub_text(word), word

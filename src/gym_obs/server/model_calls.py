@@ -27,14 +27,14 @@ from collections import deque
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, Final
 
-from opentelemetry.trace import Span, SpanKind
+from opentelemetry.trace import Span
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gym_obs.config import MODEL_CALLS_CONFIG_KEY, ConfigError, model_calls_enabled
 from gym_obs.server._model_call_points import TOKEN_SPAN_KEYS, CallPoints
+from gym_obs.server._model_call_span import ends_with_the_app, server_span
 from gym_obs.telemetry import names
-from gym_obs.telemetry._exemplars import current_recorded_span
 from gym_obs.telemetry._state import STATE
 from gym_obs.telemetry.genai import (
     ReplyFacts,
@@ -239,7 +239,7 @@ class _Call(ReplyFacts):
         self.complete = True
         self.ended = time.perf_counter()
         span = self.span
-        if span is None or _ends_with_the_app(span):
+        if span is None or ends_with_the_app(span):
             return self._send(message)
         return self._split(message)
 
@@ -451,20 +451,6 @@ def _internal_failure() -> None:
         _log.warning("model-call telemetry failed; the reply is unaffected", exc_info=True)
 
 
-def _ends_with_the_app(span: Span) -> bool:
-    """Whether ``span`` is gym's own SERVER span, which ends when the app returns (contrib's ends with the
-    last body message)."""
-    scope = getattr(span, "instrumentation_scope", None)
-    return getattr(scope, "name", None) == names.INSTRUMENTATION_SCOPE
-
-
-def _server_span() -> Span | None:
-    span = current_recorded_span()  # at a request's start it has not ended: it is recording
-    if span is not None and getattr(span, "kind", None) is SpanKind.SERVER:
-        return span
-    return None
-
-
 class ModelCallMiddleware:
     """The model-call layer (pure ASGI; see the module docstring), added by :func:`install_model_calls`."""
 
@@ -490,7 +476,7 @@ class ModelCallMiddleware:
         if operation is None or instruments is None or not STATE.enabled:
             await self.app(scope, receive, send)
             return
-        call = _Call(operation, receive, send, _server_span(), self)
+        call = _Call(operation, receive, send, server_span(), self)
         error: BaseException | None = None
         try:
             await self.app(scope, call.receive, call.send)

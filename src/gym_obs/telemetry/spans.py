@@ -124,8 +124,7 @@ def set_trusted_attributes(span: Span, attributes: Mapping[str, AttributeValue])
     other span, or limits that could change a value, takes the public path. The SDK's own span class (what
     its tracer makes) is read directly; another class only through ``getattr``.
     """
-    sdk = type(span) is _Span
-    if sdk:
+    if type(span) is _Span:
         store: Any = span._attributes
         lock: Any = span._lock
     else:
@@ -146,7 +145,7 @@ def set_trusted_attributes(span: Span, attributes: Mapping[str, AttributeValue])
         return
     lock.acquire()  # not ``with``: that looks up and binds __enter__ and __exit__ each time
     try:
-        ended = span._end_time if sdk else getattr(span, "end_time", None)  # type: ignore[attr-defined]
+        ended = span._end_time if type(span) is _Span else getattr(span, "end_time", None)
         if ended is None:  # ended: the SDK would only log that it has
             items.update(attributes)
     finally:
