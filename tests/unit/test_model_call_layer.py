@@ -87,3 +87,78 @@ def test_the_span_gets_the_calls_attributes_and_the_bytes_pass_untouched(
     assert attributes[names.ATTR_GEN_AI_REQUEST_MODEL] == "m"
     (duration,) = telemetry.metric_points(names.METRIC_GEN_AI_SERVER_REQUEST_DURATION)
     assert duration.count == 1 and duration.attributes[names.ATTR_GEN_AI_OUTCOME] == "ok"
+
+
+def test_each_span_is_read_by_its_own_scope_when_scopes_alternate(telemetry: Capture) -> None:
+    """Whether a span ends with the app is decided per instrumentation scope (the last answer is kept):
+    alternating scopes each get their own way."""
+    contrib = "opentelemetry.instrumentation.asgi"
+    for scope_name in (names.INSTRUMENTATION_SCOPE, contrib, contrib, names.INSTRUMENTATION_SCOPE, contrib):
+        ends_with_last_body = scope_name == contrib
+        sent, at_end = _drive(telemetry, scope_name, ends_with_last_body)
+        bodies = [m.get("body") for m in sent if m["type"] == "http.response.body"]
+        assert bodies == ([REPLY, b""] if ends_with_last_body else [REPLY])
+        assert (names.ATTR_GEN_AI_USAGE_INPUT_TOKENS in at_end[0]) is ends_with_last_body
+    spans = telemetry.spans()
+    assert len(spans) == 5
+    assert all(dict(s.attributes or {})[names.ATTR_GEN_AI_USAGE_INPUT_TOKENS] == 3 for s in spans)
+
+
+def test_a_current_span_that_is_not_the_server_span_gets_no_attributes(telemetry: Capture) -> None:
+    tracer = telemetry.tracer_provider.get_tracer(names.INSTRUMENTATION_SCOPE)
+    layer = ModelCallMiddleware(_handler, server_name="s")
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b'{"model": "m"}', "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        pass
+
+    async def run() -> None:
+        with tracer.start_as_current_span("work", kind=trace.SpanKind.INTERNAL):
+            await layer({"type": "http", "path": "/v1/chat/completions", "method": "POST"}, receive, send)
+
+    asyncio.run(run())
+    (span,) = telemetry.spans()
+    assert not any(key.startswith("gen_ai.") for key in dict(span.attributes or {}))
+    (duration,) = telemetry.metric_points(names.METRIC_GEN_AI_SERVER_REQUEST_DURATION)
+    assert duration.count == 1  # the call is still measured
+
+
+@pytest.mark.parametrize(
+    ("asked", "answered", "shown"),
+    [
+        ("m", "m", "m"),
+        ("m", "m-2024", "m-2024"),
+        ("m", "sk-" + "A" * 24, "sk-[REDACTED]"),  # a name a peer chose is scrubbed, also when it differs
+        ("sk-" + "B" * 24, "sk-" + "B" * 24, "sk-[REDACTED]"),
+    ],
+)
+def test_request_and_reply_model_names_are_scrubbed_each(
+    telemetry: Capture, asked: str, answered: str, shown: str
+) -> None:
+    reply = json.dumps({"id": "c1", "model": answered, "usage": {"prompt_tokens": 1, "completion_tokens": 1}})
+
+    async def handler(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await send(START)
+        await send({"type": "http.response.body", "body": reply.encode(), "more_body": False})
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": json.dumps({"model": asked}).encode(), "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        pass
+
+    tracer = telemetry.tracer_provider.get_tracer(names.INSTRUMENTATION_SCOPE)
+    layer = ModelCallMiddleware(handler, server_name="s")
+
+    async def run() -> None:
+        with tracer.start_as_current_span("POST /v1/chat/completions", kind=trace.SpanKind.SERVER):
+            await layer({"type": "http", "path": "/v1/chat/completions", "method": "POST"}, receive, send)
+
+    asyncio.run(run())
+    (span,) = telemetry.spans()
+    attributes = dict(span.attributes or {})
+    assert attributes[names.ATTR_GEN_AI_RESPONSE_MODEL] == shown
+    assert attributes[names.ATTR_GEN_AI_REQUEST_MODEL] == (shown if asked == answered else asked)

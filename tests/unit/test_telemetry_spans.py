@@ -10,6 +10,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.metrics import NoOpMeter
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import Span as SdkSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import (
@@ -30,6 +31,7 @@ from opentelemetry.trace import (
     TraceFlags,
     TraceState,
 )
+from opentelemetry.util.types import AttributeValue
 
 from gym_obs.telemetry import names
 from gym_obs.telemetry.metrics import Instruments, instruments_for
@@ -39,6 +41,7 @@ from gym_obs.telemetry.spans import (
     current_ids,
     record_exception,
     set_span_error,
+    set_trusted_attributes,
     start_trusted_span,
 )
 from gym_obs.telemetry.testing import Capture, capture_telemetry, telemetry_state
@@ -395,3 +398,49 @@ def test_start_trusted_span_applies_span_limits_as_start_span_does(limits: SpanL
         start_trusted_span(tracer, "GET", None, SpanKind.CLIENT, attrs).end()
     sdk_made, trusted = (span for span in exporter.get_finished_spans() if span.name == "GET")
     assert dict(trusted.attributes or {}) == dict(sdk_made.attributes or {}) != attrs
+
+
+class _OwnSpan(SdkSpan):
+    """A span class of its own over the SDK's (not what its tracer makes): set_trusted_attributes reads it
+    through getattr."""
+
+
+_TRUSTED: dict[str, AttributeValue] = {
+    names.ATTR_GEN_AI_OPERATION_NAME: "chat",
+    names.ATTR_GEN_AI_USAGE_INPUT_TOKENS: 120,
+    names.ATTR_GEN_AI_STREAMED: False,
+    names.ATTR_GEN_AI_RESPONSE_FINISH_REASONS: ("stop",),
+    names.ATTR_GEN_AI_RESPONSE_ID: "chatcmpl-0123456789",
+}
+
+
+@pytest.mark.parametrize("own_class", [False, True])
+@pytest.mark.parametrize(
+    "limits", [SpanLimits(), SpanLimits(max_attribute_length=4), SpanLimits(max_span_attributes=2)]
+)
+def test_set_trusted_attributes_leaves_a_span_as_set_attributes_does(
+    limits: SpanLimits, own_class: bool
+) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(span_limits=limits)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    made = []
+    for setter in (SdkSpan.set_attributes, set_trusted_attributes):
+        span = tracer.start_span("s", attributes={"before": 1})
+        if own_class:
+            span.__class__ = _OwnSpan
+        setter(span, _TRUSTED)  # type: ignore[operator]
+        span.end()
+        setter(span, {"after": 2})  # type: ignore[operator]  # ended: nothing changes
+        made.append(dict(exporter.get_finished_spans()[-1].attributes or {}))
+    assert made[0] == made[1]
+    assert "after" not in made[1]
+    if limits.max_span_attributes is None and limits.max_attribute_length is None:
+        assert made[1] == {"before": 1, **_TRUSTED}
+
+
+def test_set_trusted_attributes_on_a_span_that_records_nothing_is_harmless() -> None:
+    for span in (INVALID_SPAN, NonRecordingSpan(INVALID_SPAN.get_span_context())):
+        set_trusted_attributes(span, _TRUSTED)
+        assert not span.is_recording()

@@ -576,10 +576,13 @@ class ModelCallMiddleware:
             if problem is not None:
                 attributes[names.ATTR_GEN_AI_UNPARSABLE_REASON] = problem
             # the names: the request's (scanned), the reply's model and id; text a peer chose, so scrubbed
-            if call.request_model is not None:
-                attributes[names.ATTR_GEN_AI_REQUEST_MODEL] = span_text(call.request_model)
-            if call.response_model is not None:
-                attributes[names.ATTR_GEN_AI_RESPONSE_MODEL] = span_text(call.response_model)
+            asked, answered = call.request_model, call.response_model
+            shown = span_text(asked)
+            if shown is not None:
+                attributes[names.ATTR_GEN_AI_REQUEST_MODEL] = shown
+            if answered is not None:  # usually the model asked for: scrubbed once
+                shown = shown if answered == asked else span_text(answered)
+                attributes[names.ATTR_GEN_AI_RESPONSE_MODEL] = shown
             if call.response_id is not None:
                 attributes[names.ATTR_GEN_AI_RESPONSE_ID] = span_id(call.response_id)
             set_trusted_attributes(span, attributes)
