@@ -20,6 +20,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import Tracer as _SdkTracer
 from opentelemetry.sdk.trace import _Span
 from opentelemetry.sdk.trace.sampling import Decision, ParentBased, StaticSampler, TraceIdRatioBased
+from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.version import __version__ as _sdk_version
 from opentelemetry.trace import (
     INVALID_SPAN,
@@ -212,15 +213,48 @@ def start_trusted_span(
 _CHECKED_SDK_RELEASES: Final = ("1.45.",)
 _FAST_SDK: Final = _sdk_version.startswith(_CHECKED_SDK_RELEASES)
 _TRACER_FIELDS: Final = (
-    "sampler", "resource", "span_processor", "id_generator", "instrumentation_info", "_span_limits",
-    "_instrumentation_scope", "_tracer_config", "_tracer_metrics",
+    "sampler",
+    "resource",
+    "span_processor",
+    "id_generator",
+    "instrumentation_info",
+    "_span_limits",
+    "_instrumentation_scope",
+    "_tracer_config",
+    "_tracer_metrics",
 )
 # The tracer last looked at, and whether it has every field _sampled_child reads.
 _tracer_checked: tuple[object, bool] = (None, False)
 # A sampled child's trace flags, by its parent's random-trace-id bit (the SDK's start_span sets no other).
 _CHILD_FLAGS: Final = (
-    TraceFlags(TraceFlags.SAMPLED), TraceFlags(TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID)
+    TraceFlags(TraceFlags.SAMPLED),
+    TraceFlags(TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID),
 )
+
+
+class _LeanSpan(_Span):
+    """The SDK's span, whose event and link lists are made on first use: most hot-path spans have neither,
+    and each list is three objects (a ``BoundedList``, its deque and its lock) made, and tracked by the
+    garbage collector, for every span. Until then both are the empty tuple, which the SDK's readers
+    (``events``, ``links``, the dropped counts, the ended copy) take as they take an empty list."""
+
+    def _new_events(self) -> Any:
+        return ()
+
+    def _new_links(self, links: Any) -> Any:
+        return super()._new_links(links) if links else ()
+
+    def _add_event(self, event: Any) -> None:
+        with self._lock:  # made under the lock: two threads adding the first event make one list
+            if self._end_time is None and type(self._events) is tuple:
+                self._events = BoundedList(self._limits.max_events)
+        super()._add_event(event)  # the SDK's own ended check and append
+
+    def _add_link(self, link: Any) -> None:
+        with self._lock:
+            if self._end_time is None and type(self._links) is tuple:
+                self._links = BoundedList(self._limits.max_links)
+        super()._add_link(link)
 
 
 def _always_samples(sampler: object) -> bool:
@@ -278,7 +312,7 @@ def _sampled_child(
         trace_state=parent.trace_state,
     )
     record_end_metrics = sdk_tracer._tracer_metrics.start_span(parent, Decision.RECORD_AND_SAMPLE)
-    span = _Span(
+    span = _LeanSpan(
         name=name,
         context=span_context,
         parent=parent,
