@@ -400,6 +400,44 @@ def test_start_trusted_span_applies_span_limits_as_start_span_does(limits: SpanL
     assert dict(trusted.attributes or {}) == dict(sdk_made.attributes or {}) != attrs
 
 
+@pytest.mark.parametrize("limits", [SpanLimits(), SpanLimits(max_events=1, max_links=1)])
+def test_events_and_links_added_after_start_are_kept_as_start_span_keeps_them(limits: SpanLimits) -> None:
+    """A trusted child span makes its event and link lists on first use; what it keeps (and drops, and
+    refuses once ended) is what an SDK span keeps."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(span_limits=limits)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    with tracer.start_as_current_span("parent") as parent:
+        link_to = parent.get_span_context()
+        for trusted in (False, True):
+            span = (
+                start_trusted_span(tracer, "GET", None, SpanKind.CLIENT, {})
+                if trusted
+                else tracer.start_span("GET", None, SpanKind.CLIENT)
+            )
+            span.add_event("first", {"k": 1}, timestamp=3)
+            span.record_exception(ValueError("x"), timestamp=4)
+            span.add_link(link_to, {"why": "test"})
+            span.add_link(link_to)
+            span.end(end_time=9)
+            span.add_event("late")  # the span has ended: refused (the SDK logs it)
+            span.add_link(link_to)
+        quiet = start_trusted_span(tracer, "quiet", None, SpanKind.CLIENT, {})
+        quiet.end()
+    sdk_made, trusted_made = (span for span in exporter.get_finished_spans() if span.name == "GET")
+
+    def kept(span: ReadableSpan) -> tuple[object, ...]:
+        events = [(e.name, e.timestamp, dict(e.attributes or {})) for e in span.events]
+        links = [(link.context, dict(link.attributes or {})) for link in span.links]
+        return events, span.dropped_events, links, span.dropped_links
+
+    assert kept(trusted_made) == kept(sdk_made)
+    assert len(trusted_made.events) == (1 if limits.max_events == 1 else 2)
+    quiet_made = next(span for span in exporter.get_finished_spans() if span.name == "quiet")
+    assert (quiet_made.events, quiet_made.links, quiet_made.dropped_events) == ((), (), 0)
+
+
 class _OwnSpan(SdkSpan):
     """A span class of its own over the SDK's (not what its tracer makes): set_trusted_attributes reads it
     through getattr."""
@@ -414,26 +452,30 @@ _TRUSTED: dict[str, AttributeValue] = {
 }
 
 
-@pytest.mark.parametrize("own_class", [False, True])
+@pytest.mark.parametrize("made_by", ["sdk", "own_class", "trusted"])
 @pytest.mark.parametrize(
     "limits", [SpanLimits(), SpanLimits(max_attribute_length=4), SpanLimits(max_span_attributes=2)]
 )
 def test_set_trusted_attributes_leaves_a_span_as_set_attributes_does(
-    limits: SpanLimits, own_class: bool
+    limits: SpanLimits, made_by: str
 ) -> None:
     exporter = InMemorySpanExporter()
     provider = TracerProvider(span_limits=limits)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracer = provider.get_tracer("test")
     made = []
-    for setter in (SdkSpan.set_attributes, set_trusted_attributes):
-        span = tracer.start_span("s", attributes={"before": 1})
-        if own_class:
-            span.__class__ = _OwnSpan
-        setter(span, _TRUSTED)  # type: ignore[operator]
-        span.end()
-        setter(span, {"after": 2})  # type: ignore[operator]  # ended: nothing changes
-        made.append(dict(exporter.get_finished_spans()[-1].attributes or {}))
+    with tracer.start_as_current_span("parent"):
+        for setter in (SdkSpan.set_attributes, set_trusted_attributes):
+            if made_by == "trusted":  # a sampled child: gym's own span class
+                span = start_trusted_span(tracer, "s", None, SpanKind.SERVER, {"before": 1})
+            else:
+                span = tracer.start_span("s", attributes={"before": 1})
+            if made_by == "own_class":
+                span.__class__ = _OwnSpan
+            setter(span, _TRUSTED)  # type: ignore[operator]
+            span.end()
+            setter(span, {"after": 2})  # type: ignore[operator]  # ended: nothing changes
+            made.append(dict(exporter.get_finished_spans()[-1].attributes or {}))
     assert made[0] == made[1]
     assert "after" not in made[1]
     if limits.max_span_attributes is None and limits.max_attribute_length is None:

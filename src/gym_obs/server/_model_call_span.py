@@ -1,16 +1,15 @@
 """The model-call layer's SERVER span: which span a call's attributes go to, and whether it ends with the app.
 
-Both are asked once per call, on the per-request path: the SDK's own span class (what its tracer makes) is
-read directly, any other class through its public properties.
+Both are asked once per call, on the per-request path: the SDK's own span classes (``DIRECT_SPAN_TYPES``)
+are read directly, any other class through its public properties.
 """
 
 from __future__ import annotations
 
-from opentelemetry.sdk.trace import _Span as _SdkSpan
 from opentelemetry.trace import Span, SpanKind
 
 from gym_obs.telemetry import names
-from gym_obs.telemetry._exemplars import current_recorded_span
+from gym_obs.telemetry._exemplars import DIRECT_SPAN_TYPES, current_recorded_span
 
 __all__ = ["ends_with_the_app", "server_span"]
 
@@ -20,7 +19,8 @@ def server_span() -> Span | None:
     span = current_recorded_span()  # at a request's start it has not ended: it is recording
     if span is None:
         return None
-    kind = span._kind if type(span) is _SdkSpan else getattr(span, "kind", None)
+    direct = type(span) in DIRECT_SPAN_TYPES
+    kind = span._kind if direct else getattr(span, "kind", None)  # type: ignore[attr-defined]
     return span if kind is SpanKind.SERVER else None
 
 
@@ -28,8 +28,8 @@ def ends_with_the_app(span: Span) -> bool:
     """Whether ``span`` is gym's own SERVER span, which ends when the app returns (contrib's ends with the
     last body message). Scopes are one per tracer: the answer for the last one seen is kept."""
     global _last_scope
-    if type(span) is _SdkSpan:
-        scope: object = span._instrumentation_scope
+    if type(span) in DIRECT_SPAN_TYPES:
+        scope: object = span._instrumentation_scope  # type: ignore[attr-defined]
     else:
         scope = getattr(span, "instrumentation_scope", None)
     seen = _last_scope  # one read: another thread may replace it, never half of it

@@ -39,6 +39,7 @@ from opentelemetry.trace import (
 from opentelemetry.util.types import Attributes
 
 __all__ = [
+    "DIRECT_SPAN_TYPES",
     "ExemplarSampler",
     "RecordedSpanExemplarFilter",
     "current_recorded_span",
@@ -52,6 +53,10 @@ ENV_EXEMPLAR_FILTER: Final = "OTEL_METRICS_EXEMPLAR_FILTER"
 #: one: an exemplar without ids), or None: no exemplar.
 ExemplarSampler = Callable[[float, Attributes, Context | None], SpanContext | None]
 
+
+#: Span classes whose fields hot paths read directly (span context, kind, scope, attributes, lock, end time):
+#: the SDK's own, and subclasses that keep those fields as it does (each added where it is defined).
+DIRECT_SPAN_TYPES: Final[set[type]] = {_SdkSpan}
 
 # The context key the current span lives under, found through the public API (``set_span_in_context``
 # writes exactly one key), so the samplers read the span with one dict lookup.
@@ -101,7 +106,7 @@ def current_recorded_span(context: Context | None = None) -> Span | None:
 def _recorded(span: object) -> SpanContext | None:
     """``span``'s context when it is a sampled span of this process, else None (gym's filter)."""
     kind = type(span)
-    if kind is _SdkSpan:  # what the SDK's tracer makes: its context read directly (two calls fewer)
+    if kind in DIRECT_SPAN_TYPES:  # what the SDK's tracer makes: its context read directly (two calls fewer)
         span_context: SpanContext = span._context  # type: ignore[attr-defined]
     elif (_SPAN_TYPES.get(kind) or _learn(kind))[1]:
         span_context = span.get_span_context()  # type: ignore[attr-defined]
@@ -113,7 +118,7 @@ def _recorded(span: object) -> SpanContext | None:
 def _sampled(span: object) -> SpanContext | None:
     """The SDK's ``trace_based`` rule: any sampled span context, a remote parent's included."""
     kind = type(span)
-    if kind is _SdkSpan:
+    if kind in DIRECT_SPAN_TYPES:
         span_context: SpanContext = span._context  # type: ignore[attr-defined]
     elif (_SPAN_TYPES.get(kind) or _learn(kind))[0]:
         span_context = span.get_span_context()  # type: ignore[attr-defined]

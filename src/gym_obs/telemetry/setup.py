@@ -43,7 +43,6 @@ from opentelemetry.sdk.resources import (
     Resource,
 )
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import (
     ALWAYS_OFF,
     ALWAYS_ON,
@@ -69,6 +68,7 @@ from gym_obs.telemetry.log_export import start_log_export
 from gym_obs.telemetry.metrics import instruments_for
 from gym_obs.telemetry.redaction import scrub_text
 from gym_obs.telemetry.settings import Settings, TelemetryConfig, resolve_run_id, resolve_settings
+from gym_obs.telemetry.span_batches import CompactBatchSpanProcessor
 
 __all__ = ["TelemetryHandle", "launch_run_id", "sampler_for", "setup_telemetry", "shutdown_telemetry"]
 
@@ -420,7 +420,7 @@ def _tracer_provider(
     tp = TracerProvider(resource=resource, sampler=sampler_for(settings), shutdown_on_exit=False)
     for _, exporter in exporters:
         tp.add_span_processor(
-            BatchSpanProcessor(
+            CompactBatchSpanProcessor(
                 exporter,
                 schedule_delay_millis=settings.span_schedule_delay_ms,
                 max_queue_size=settings.span_queue_size,

@@ -20,6 +20,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import Tracer as _SdkTracer
 from opentelemetry.sdk.trace import _Span
 from opentelemetry.sdk.trace.sampling import Decision, ParentBased, StaticSampler, TraceIdRatioBased
+from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.version import __version__ as _sdk_version
 from opentelemetry.trace import (
     INVALID_SPAN,
@@ -33,6 +34,7 @@ from opentelemetry.trace import (
 )
 
 from gym_obs.telemetry import names
+from gym_obs.telemetry._exemplars import DIRECT_SPAN_TYPES
 from gym_obs.telemetry._state import STATE
 from gym_obs.telemetry._types import AttributeValue
 from gym_obs.telemetry.bodies import bounded_excerpt
@@ -121,12 +123,13 @@ def set_trusted_attributes(span: Span, attributes: Mapping[str, AttributeValue])
     The SDK's ``set_attributes`` re-validates every value (about half a microsecond each); these were made
     valid at the source, so on an SDK span with the default limits (a count limit, no value-length limit)
     they go into its attribute store under the span's lock, as ``set_attributes`` would put them. Any
-    other span, or limits that could change a value, takes the public path. The SDK's own span class (what
-    its tracer makes) is read directly; another class only through ``getattr``.
+    other span, or limits that could change a value, takes the public path. The SDK's own span classes
+    (``DIRECT_SPAN_TYPES``) are read directly; another class only through ``getattr``.
     """
-    if type(span) is _Span:
-        store: Any = span._attributes
-        lock: Any = span._lock
+    direct = type(span) in DIRECT_SPAN_TYPES
+    if direct:
+        store: Any = span._attributes  # type: ignore[attr-defined]
+        lock: Any = span._lock  # type: ignore[attr-defined]
     else:
         store = getattr(span, "_attributes", None)
         lock = getattr(span, "_lock", None)
@@ -145,7 +148,7 @@ def set_trusted_attributes(span: Span, attributes: Mapping[str, AttributeValue])
         return
     lock.acquire()  # not ``with``: that looks up and binds __enter__ and __exit__ each time
     try:
-        ended = span._end_time if type(span) is _Span else getattr(span, "end_time", None)
+        ended = span._end_time if direct else getattr(span, "end_time", None)  # type: ignore[attr-defined]
         if ended is None:  # ended: the SDK would only log that it has
             items.update(attributes)
     finally:
@@ -221,15 +224,51 @@ def start_trusted_span(
 _CHECKED_SDK_RELEASES: Final = ("1.45.",)
 _FAST_SDK: Final = _sdk_version.startswith(_CHECKED_SDK_RELEASES)
 _TRACER_FIELDS: Final = (
-    "sampler", "resource", "span_processor", "id_generator", "instrumentation_info", "_span_limits",
-    "_instrumentation_scope", "_tracer_config", "_tracer_metrics",
+    "sampler",
+    "resource",
+    "span_processor",
+    "id_generator",
+    "instrumentation_info",
+    "_span_limits",
+    "_instrumentation_scope",
+    "_tracer_config",
+    "_tracer_metrics",
 )
 # The tracer last looked at, and whether it has every field _sampled_child reads.
 _tracer_checked: tuple[object, bool] = (None, False)
 # A sampled child's trace flags, by its parent's random-trace-id bit (the SDK's start_span sets no other).
 _CHILD_FLAGS: Final = (
-    TraceFlags(TraceFlags.SAMPLED), TraceFlags(TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID)
+    TraceFlags(TraceFlags.SAMPLED),
+    TraceFlags(TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID),
 )
+
+
+class _LeanSpan(_Span):
+    """The SDK's span, whose event and link lists are made on first use: most hot-path spans have neither,
+    and each list is three objects (a ``BoundedList``, its deque and its lock) made, and tracked by the
+    garbage collector, for every span. Until then both are the empty tuple, which the SDK's readers
+    (``events``, ``links``, the dropped counts, the ended copy) take as they take an empty list."""
+
+    def _new_events(self) -> Any:
+        return ()
+
+    def _new_links(self, links: Any) -> Any:
+        return super()._new_links(links) if links else ()
+
+    def _add_event(self, event: Any) -> None:
+        with self._lock:  # made under the lock: two threads adding the first event make one list
+            if self._end_time is None and type(self._events) is tuple:
+                self._events = BoundedList(self._limits.max_events)
+        super()._add_event(event)  # the SDK's own ended check and append
+
+    def _add_link(self, link: Any) -> None:
+        with self._lock:
+            if self._end_time is None and type(self._links) is tuple:
+                self._links = BoundedList(self._limits.max_links)
+        super()._add_link(link)
+
+
+DIRECT_SPAN_TYPES.add(_LeanSpan)  # its fields are the SDK span's
 
 
 def _always_samples(sampler: object) -> bool:
@@ -287,7 +326,7 @@ def _sampled_child(
         trace_state=parent.trace_state,
     )
     record_end_metrics = sdk_tracer._tracer_metrics.start_span(parent, Decision.RECORD_AND_SAMPLE)
-    span = _Span(
+    span = _LeanSpan(
         name=name,
         context=span_context,
         parent=parent,
