@@ -395,10 +395,8 @@ def _identify(facts: ReplyFacts, reply: dict[str, Any]) -> None:
     """The reply's model and id (the first ones seen win)."""
     if facts.response_model is None:
         facts.response_model = clean_name(reply.get("model"))
-    if facts.response_id is None:  # clean_name's usual case inline: an id is read on every reply
-        value = reply.get("id")
-        ok = type(value) is str and 0 < len(value) <= _MAX_NAME_CHARS and value.isprintable()
-        facts.response_id = value if ok else clean_name(value)
+    if facts.response_id is None:
+        facts.response_id = clean_name(reply.get("id"))
 
 
 # --- streamed replies --------------------------------------------------------------------------------------
