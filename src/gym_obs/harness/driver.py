@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-from opentelemetry.trace import Span, SpanKind, Tracer
+from opentelemetry import context as otel_context
+from opentelemetry.trace import Span, SpanKind, Tracer, set_span_in_context
 
 from gym_obs.client import ServerClient
 from gym_obs.client.http_client import raise_boundary_failure
@@ -31,7 +32,7 @@ from gym_obs.harness.servers._common import failure_for_call
 from gym_obs.harness.tally import RunTally
 from gym_obs.telemetry import names
 from gym_obs.telemetry.propagation import rollout_context
-from gym_obs.telemetry.spans import current_ids, record_exception, set_span_error
+from gym_obs.telemetry.spans import current_ids, record_exception, set_span_error, start_trusted_span
 
 __all__ = ["Driver"]
 
@@ -55,14 +56,16 @@ class Driver:
         if self.tracer is None:
             yield None
             return
-        with self.tracer.start_as_current_span(
-            names.SPAN_HARNESS_ROLLOUT,
-            kind=SpanKind.INTERNAL,
-            attributes={names.ATTR_ROLLOUT_ID: rollout_id},
-            record_exception=False,
-            set_status_on_exception=False,
-        ) as span:
-            yield span
+        # the run's own id: valid and bounded, so the span starts without the SDK's attribute cleaning
+        attributes = {names.ATTR_ROLLOUT_ID: rollout_id}
+        name = names.SPAN_HARNESS_ROLLOUT
+        span = start_trusted_span(self.tracer, name, None, SpanKind.INTERNAL, attributes)
+        token = otel_context.attach(set_span_in_context(span))
+        try:
+            yield span  # an exception is recorded by the caller, as a failed row says it
+        finally:
+            otel_context.detach(token)
+            span.end()
 
     async def rollout(self, index: int) -> RolloutResult:
         """One rollout: ``POST /run`` on an agent inside the rollout's context and span."""
