@@ -3,30 +3,17 @@
 from __future__ import annotations
 
 import gc
-from collections.abc import Sequence
 
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import (
-    BatchSpanProcessor,
-    SpanExporter,
-    SpanExportResult,
-)
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from gym_obs.telemetry._otlp_json import spans_json_line
 from gym_obs.telemetry._otlp_proto import ProtoEncoder
 from gym_obs.telemetry.span_batches import CompactBatchSpanProcessor, compact_ended_span
-
-
-class _Keep(SpanExporter):
-    def __init__(self) -> None:
-        self.spans: list[ReadableSpan] = []
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        self.spans.extend(spans)
-        return SpanExportResult.SUCCESS
 
 
 def _make_spans(processor: SpanProcessor, limits: SpanLimits | None = None) -> None:
@@ -82,28 +69,30 @@ def test_exporters_get_what_the_sdk_span_held(limits: SpanLimits | None) -> None
             self.ended.append(_public(span))
             super().on_end(span)
 
-    kept = _Keep()
-    witness = Witness(kept)
+    exporter = InMemorySpanExporter()
+    witness = Witness(exporter)
     _make_spans(witness, limits)
-    assert [_public(span) for span in kept.spans] == witness.ended
-    assert len(kept.spans) == 4
-    many = next(span for span in kept.spans if span.name == "many")
+    kept = exporter.get_finished_spans()
+    assert [_public(span) for span in kept] == witness.ended
+    assert len(kept) == 4
+    many = next(span for span in kept if span.name == "many")
     assert (many.dropped_attributes, many.dropped_events) == ((3, 3) if limits else (0, 0))
 
 
 def test_encoders_write_the_same_bytes_for_a_compacted_span() -> None:
-    kept = _Keep()
-    _make_spans(BatchSpanProcessor(kept), SpanLimits(max_span_attributes=3, max_events=3))
-    before_json = spans_json_line(kept.spans)
-    before_proto = ProtoEncoder().spans(kept.spans)
-    for span in kept.spans:
+    exporter = InMemorySpanExporter()
+    _make_spans(BatchSpanProcessor(exporter), SpanLimits(max_span_attributes=3, max_events=3))
+    kept = exporter.get_finished_spans()
+    before_json = spans_json_line(kept)
+    before_proto = ProtoEncoder().spans(kept)
+    for span in kept:
         compact_ended_span(span)
-    by_name = {span.name: span for span in kept.spans}
+    by_name = {span.name: span for span in kept}
     assert type(by_name["child"]._attributes) is dict  # nothing dropped: compacted
     assert type(by_name["child"]._events) is tuple and type(by_name["child"]._links) is tuple
     assert by_name["many"].dropped_attributes == 3  # dropped: kept as the SDK holds it
-    assert spans_json_line(kept.spans) == before_json
-    assert ProtoEncoder().spans(kept.spans) == before_proto
+    assert spans_json_line(kept) == before_json
+    assert ProtoEncoder().spans(kept) == before_proto
 
 
 def test_a_queued_span_holds_fewer_tracked_objects() -> None:
