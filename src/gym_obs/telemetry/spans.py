@@ -133,17 +133,8 @@ def set_trusted_attributes(span: Span, attributes: Mapping[str, AttributeValue])
     else:
         store = getattr(span, "_attributes", None)
         lock = getattr(span, "_lock", None)
-    if type(store) is not BoundedAttributes or lock is None:
-        span.set_attributes(attributes)
-        return
-    items = store._dict
-    maxlen = store.maxlen
-    if (
-        type(items) is not dict
-        or store.max_value_len is not None
-        or maxlen is None
-        or len(items) + len(attributes) > maxlen
-    ):
+    items = _plain_store(store, len(attributes))
+    if items is None or lock is None:
         span.set_attributes(attributes)
         return
     lock.acquire()  # not ``with``: that looks up and binds __enter__ and __exit__ each time
@@ -153,6 +144,19 @@ def set_trusted_attributes(span: Span, attributes: Mapping[str, AttributeValue])
             items.update(attributes)
     finally:
         lock.release()
+
+
+def _plain_store(store: Any, adding: int) -> dict[str, Any] | None:
+    """The plain dict inside an SDK attribute store that can take ``adding`` more valid attributes exactly
+    as they are (its limits cannot change a value or drop one: a count limit they fit in, no value-length
+    limit), else None: the public path, which applies the limits."""
+    if type(store) is not BoundedAttributes:
+        return None
+    items = store._dict
+    maxlen = store.maxlen
+    if type(items) is not dict or store.max_value_len is not None or maxlen is None:
+        return None
+    return items if len(items) + adding <= maxlen else None
 
 
 # The SDK samplers whose decision never reads a span's attributes (they only carry them over).
@@ -345,11 +349,8 @@ def _sampled_child(
     )
     # Nobody else holds the span before ``start``: the store takes the attributes without its lock, when
     # its limits cannot change a value or drop one (else the public path, which applies them).
-    store: Any = span._attributes
-    items = getattr(store, "_dict", None)
-    maxlen = store.maxlen if type(store) is BoundedAttributes else None
-    fits = maxlen is not None and len(attributes) <= maxlen
-    if fits and type(items) is dict and store.max_value_len is None:
+    items = _plain_store(span._attributes, len(attributes))
+    if items is not None:
         items.update(attributes)
     else:
         span.set_attributes(attributes)
