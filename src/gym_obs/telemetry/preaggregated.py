@@ -62,7 +62,7 @@ from opentelemetry.sdk.metrics.view import View
 from opentelemetry.trace import SpanContext
 from opentelemetry.util.types import Attributes
 
-from gym_obs.telemetry._exemplars import ExemplarSampler, exemplar_sampler
+from gym_obs.telemetry._exemplars import ExemplarSampler, exemplar_sampler, span_answer, span_in
 
 __all__ = [
     "Measurement",
@@ -268,6 +268,8 @@ class PreAggregation:
         self.generation = 0
         #: The exemplar decision per measurement (None: exemplars are off).
         self.sampler = exemplar_sampler(exemplar_filter)
+        #: The filter's answer for a given current span, where that is all it depends on (else None).
+        self._answer = span_answer(exemplar_filter) if self.sampler is not None else None
         self._scope = scope
         self._resource = resource
         self._views = tuple(views)
@@ -342,6 +344,16 @@ class PreAggregation:
         at the value); a custom filter is asked with the value 0."""
         sample = self.sampler
         span_context = None if sample is None else sample(0, None, context)
+        return None if span_context is None else (span_context, _time_ns())
+
+    def exemplar_for(self, span: object) -> Exemplar | None:
+        """:meth:`exemplar`, for a caller that holds the span it expects to be current (a request's own, at
+        its end): one lookup confirms it, and the filter is asked about it directly (no per-span cache to
+        consult: the span is new each request). Any other current span gets :meth:`exemplar`'s answer."""
+        answer = self._answer
+        if answer is None or span_in() is not span:
+            return self.exemplar()
+        span_context = answer(span)
         return None if span_context is None else (span_context, _time_ns())
 
     def metrics_for(self, reader: Any) -> list[Metric]:
