@@ -43,7 +43,6 @@ from gym_obs.telemetry.genai import (
     dialect_for_path,
     facts_from_json,
     model_from_request_body,
-    span_id,
     update_from_event,
 )
 from gym_obs.telemetry.metrics import Instruments
@@ -559,5 +558,5 @@ class ModelCallMiddleware:
                 attributes[names.ATTR_GEN_AI_UNPARSABLE_REASON] = problem
                 attributes.update(shape.models)
             if call.response_id is not None:  # text a peer chose, unique per call: scrubbed here
-                attributes[names.ATTR_GEN_AI_RESPONSE_ID] = span_id(call.response_id)
+                attributes[names.ATTR_GEN_AI_RESPONSE_ID] = call.span_response_id()
             set_trusted_attributes(span, attributes)
