@@ -152,7 +152,8 @@ class _Call(ReplyFacts):
         "tail",
     )
 
-    # set in _start for the reply's kind only (a call pays for its own kind)
+    # set in _start for the reply's kind only (a call pays for its own kind); ended in _final (read only then)
+    ended: float
     json_parts: list[bytes]
     json_bytes: int
     head_bytes: int
@@ -171,7 +172,7 @@ class _Call(ReplyFacts):
         self._receive = receive
         self._send = send
         self.span = span
-        self.started = self.ended = time.perf_counter()  # ended: when the final body message was handed on
+        self.started = time.perf_counter()  # (ended: set when the final body message is handed on)
         self.mode = _WAITING
         self.status = self.scanned = 0
         self.complete = self.disconnected = self.recorded = False
