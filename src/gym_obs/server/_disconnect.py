@@ -182,13 +182,17 @@ class _Sweeper:
         finally:
             self.task = None
 
-    def absorbs(self, task: asyncio.Task[Any], scope: Scope) -> bool:
-        """For a ``CancelledError`` out of a polled request's app: True when it is this layer's own
-        disconnect cancellation alone (swallow it)."""
-        return task in self.cancelled and _absorbed(task, self.cancelled, scope)
+    def absorbs(self, scope: Scope) -> bool:
+        """For a ``CancelledError`` out of the running polled request's app: True when it is this layer's
+        own disconnect cancellation alone (swallow it)."""
+        task = _running_task(self.loop)  # (the request's: it runs on this loop, on this thread)
+        return task is not None and task in self.cancelled and _absorbed(task, self.cancelled, scope)
 
-    def leave(self, task: asyncio.Task[Any]) -> None:
-        """A polled request is over."""
+    def leave(self) -> None:
+        """The running polled request is over."""
+        task = _running_task(self.loop)  # (the request's, as in ``absorbs``)
+        if task is None:
+            return
         self.polled.pop(task, None)  # (pop: a re-entered layer may have removed it already)
         if self.cancelled and task in self.cancelled:  # (empty, hence false, but on a disconnect)
             self.cancelled.discard(task)
@@ -205,9 +209,9 @@ class DisconnectWatch:
         self.watch_delay_s = watch_delay_s
         self._sweeper: _Sweeper | None = None
 
-    def poll(self, receive: Receive, exchange: Exchange) -> asyncio.Task[Any] | None:
-        """Under uvicorn, register the running request with the sweeper and return its task (then
-        :meth:`absorbs` and :meth:`leave` around the app); ``None``: run the app under :meth:`watched`
+    def poll(self, receive: Receive, exchange: Exchange) -> _Sweeper | None:
+        """Under uvicorn, register the running request with its loop's sweeper and return the sweeper
+        (then its ``absorbs`` and ``leave`` around the app); ``None``: run the app under :meth:`watched`
         (another server, or no task).
 
         Every request of a server passes here, so it is one call doing only the registration, and it
@@ -231,7 +235,7 @@ class DisconnectWatch:
         sweeper.polled[task] = (cycle, exchange)
         if sweeper.task is None:
             sweeper.start()
-        return task
+        return sweeper
 
     def _sweeper_for(self, loop: asyncio.AbstractEventLoop) -> _Sweeper:
         """The sweeper of ``loop`` (a new one when the server runs on a new loop, as tests do)."""
@@ -239,18 +243,6 @@ class DisconnectWatch:
         if sweeper is None or sweeper.loop is not loop:
             sweeper = self._sweeper = _Sweeper(loop, self.watch_delay_s)
         return sweeper
-
-    def absorbs(self, task: asyncio.Task[Any], scope: Scope) -> bool:
-        """For a ``CancelledError`` out of a polled request's app: True when it is this layer's own
-        disconnect cancellation alone (swallow it)."""
-        sweeper = self._sweeper
-        return sweeper is not None and sweeper.absorbs(task, scope)
-
-    def leave(self, task: asyncio.Task[Any]) -> None:
-        """A polled request is over."""
-        sweeper = self._sweeper
-        if sweeper is not None:
-            sweeper.leave(task)
 
     async def watched(
         self, app: ASGIApp, scope: Scope, receive: Receive, send: Send, exchange: Exchange

@@ -61,14 +61,16 @@ class FailureStep(Protocol):
     async def reply(self, error: Exception, exchange: Exchange, send: Send) -> None: ...
 
 
+class _Polled(Protocol):
+    def absorbs(self, scope: Scope) -> bool: ...
+
+    def leave(self) -> None: ...
+
+
 class DisconnectStep(Protocol):
     """``_disconnect.DisconnectWatch``."""
 
-    def poll(self, receive: Receive, exchange: Exchange) -> asyncio.Task[Any] | None: ...
-
-    def absorbs(self, task: asyncio.Task[Any], scope: Scope) -> bool: ...
-
-    def leave(self, task: asyncio.Task[Any]) -> None: ...
+    def poll(self, receive: Receive, exchange: Exchange) -> _Polled | None: ...
 
     async def watched(
         self, app: ASGIApp, scope: Scope, receive: Receive, send: Send, exchange: Exchange
@@ -118,17 +120,17 @@ class RequestSteps:
             if disconnect is None:
                 await self.app(scope, receive, send)
             else:
-                task = disconnect.poll(receive, exchange)
-                if task is None:  # not uvicorn: a watcher task reads ``receive`` for the app
+                sweeper = disconnect.poll(receive, exchange)
+                if sweeper is None:  # not uvicorn: a watcher task reads ``receive`` for the app
                     await disconnect.watched(self.app, scope, receive, send, exchange)
                 else:
                     try:
                         await self.app(scope, receive, send)
                     except asyncio.CancelledError:
-                        if not disconnect.absorbs(task, scope):
+                        if not sweeper.absorbs(scope):
                             raise
                     finally:
-                        disconnect.leave(task)
+                        sweeper.leave()
         except Exception as error:
             if failures is None or not failures.settles(error, exchange):
                 raise
