@@ -93,7 +93,7 @@ class PathContextMiddleware:
         headers = scope["headers"]
         by_name = exchange.headers_by_name = dict(headers)
         if rollout_id is None:
-            if _ROLLOUT_HEADER in by_name:  # (the first one, as before)
+            if _ROLLOUT_HEADER in by_name:  # (of several such headers, the first one counts)
                 rollout_id = _header_rollout_id(next(v for k, v in headers if k == _ROLLOUT_HEADER))
             if rollout_id is None:
                 await self.app(scope, receive, send)
