@@ -12,7 +12,7 @@ import structlog
 from fastapi import FastAPI, Request
 from opentelemetry.trace import SpanKind
 
-from gym_obs.server import instrument_app_for_telemetry
+from gym_obs.server import PathContextMiddleware, instrument_app_for_telemetry
 from gym_obs.server._session_routing import owner_slot
 from gym_obs.server.sessions import (
     SESSION_ID_KEY,
@@ -255,3 +255,34 @@ async def test_simple_server_sessions_are_stable_on_the_span_and_in_logs(telemet
     assert len(with_session) == 51
     assert {span.attributes[names.ATTR_SESSION_ID] for span in with_session} == {session_id}  # type: ignore[index]
     assert current_session_id() is None
+
+
+async def test_the_session_step_reads_the_headers_the_context_layer_indexed_as_it_reads_them_itself() -> None:
+    """Behind the context layer the session step looks headers up in the index that layer built (and
+    verifies no token when a request carries neither the header nor a cookie): same sessions as alone."""
+    signer = SessionSigner(KEY)
+    token, other = signer.issue("by-header"), signer.issue("by-cookie")
+    cookie = f"{names.SESSION_COOKIE}={other}"
+    requests: list[dict[str, str]] = [
+        {},
+        {names.SESSION_HEADER: token},
+        {"Cookie": cookie},
+        {names.SESSION_HEADER: token, "Cookie": cookie},  # the header wins
+        {names.SESSION_HEADER: "forged.1.abc", "Cookie": cookie},  # an invalid header: the cookie
+        {"Cookie": f"theme=dark; {cookie}"},
+        {names.SESSION_HEADER: "forged.1.abc"},
+        {names.ROLLOUT_ID_HEADER: "r-1", names.SESSION_HEADER: token},
+    ]
+    answers: dict[str, list[Any]] = {}
+    for name, app in (("alone", _app()), ("behind the context layer", PathContextMiddleware(_app()))):
+        async with _client(app) as client:
+            answers[name] = []
+            for headers in requests:
+                client.cookies.clear()
+                reply = (await client.get("/whoami", headers=headers)).json()
+                named = reply["session_id"] in {"by-header", "by-cookie"}
+                answers[name].append(reply["session_id"] if named else "issued")
+    assert answers["alone"] == answers["behind the context layer"]
+    header, cookie_named = "by-header", "by-cookie"
+    expected = ["issued", header, cookie_named, header, cookie_named, cookie_named, "issued", header]
+    assert answers["alone"] == expected

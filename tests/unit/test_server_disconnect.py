@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 from typing import Any
 
@@ -175,3 +176,63 @@ async def test_an_error_raised_after_the_disconnect_is_not_answered() -> None:
     peer.hang_up()
     await asyncio.wait_for(task, 2)
     assert peer.sent == []
+
+
+class _PolledPeer(_Peer):
+    """Like uvicorn's request cycle: flags the transport sets, which the layer polls (no watcher task)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.disconnected = False
+        self.response_started = False
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.response_started = True
+        await super().send(message)
+
+    def hang_up(self) -> None:
+        self.disconnected = True
+        super().hang_up()
+
+
+async def _polled_request(middleware: Any, events: list[str], hang_up: bool) -> _PolledPeer:
+    """One request on the running loop: a fast one is answered, a hung-up one is cancelled."""
+    peer = _PolledPeer()
+    task = asyncio.create_task(middleware(dict(SCOPE), peer.receive, peer.send))
+    if hang_up:
+        await asyncio.sleep(0.05)
+        peer.hang_up()
+    await asyncio.wait_for(asyncio.shield(task), 2)
+    assert not task.cancelled()
+    events.append("cancelled" if peer.sent == [] else "answered")
+    return peer
+
+
+def test_polled_requests_are_cancelled_on_each_loop_and_thread_the_layer_serves() -> None:
+    """The layer keeps the loop (and thread) it last served to find a request's task cheaply: a request on
+    a new loop, or on a loop in another thread, is still the one cancelled, as on the first loop."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["path"] == "/slow":
+            await asyncio.sleep(10)
+        await send(START)
+        await send(BODY)
+
+    middleware = DisconnectCancelMiddleware(app, watch_delay_s=0.01)
+    events: list[str] = []
+
+    async def both() -> None:
+        slow = asyncio.create_task(_polled_request(middleware, events, hang_up=True))
+        fast = {**SCOPE, "path": "/fast"}
+        peer = _PolledPeer()
+        await middleware(fast, peer.receive, peer.send)  # answered while the slow one is in flight
+        events.append("answered" if peer.sent == [START, BODY] else "lost")
+        await slow
+
+    asyncio.run(both())
+    asyncio.run(both())  # a new loop on the same thread
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, both()).result(timeout=10)  # a loop on another thread
+    asyncio.run(both())  # back on the first thread
+    assert events == ["answered", "cancelled"] * 4

@@ -89,9 +89,11 @@ class PathContextMiddleware:
             rollout_id = self._strip(scope)
         if self.hide_query and STATE.enabled:
             hide_from_instrumentation(scope)
+        # The headers by name, built once (in C) for this layer and the ones inside (the sessions step).
+        headers = scope["headers"]
+        by_name = exchange.headers_by_name = dict(headers)
         if rollout_id is None:
-            headers = scope["headers"]
-            if _ROLLOUT_HEADER in dict(headers):  # (built in C: cheaper than a Python loop over them)
+            if _ROLLOUT_HEADER in by_name:  # (of several such headers, the first one counts)
                 rollout_id = _header_rollout_id(next(v for k, v in headers if k == _ROLLOUT_HEADER))
             if rollout_id is None:
                 await self.app(scope, receive, send)

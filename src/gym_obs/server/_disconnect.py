@@ -33,6 +33,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gym_obs.server._exchange import Exchange
 from gym_obs.server._steps import RequestSteps
+from gym_obs.server._tasks import running_loop as _running_loop
+from gym_obs.server._tasks import running_task as _running_task
+from gym_obs.server._tasks import thread_id as _thread_id
 
 __all__ = ["DEFAULT_WATCH_DELAY_S", "DisconnectCancelMiddleware", "DisconnectWatch"]
 
@@ -143,10 +146,12 @@ class _Watch:
 class _Sweeper:
     """One per event loop: polls uvicorn's flags, starts watchers for requests seen on two passes."""
 
-    __slots__ = ("cancelled", "interval", "loop", "polled", "running", "task")
+    __slots__ = ("cancelled", "interval", "loop", "polled", "running", "task", "thread")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, interval: float) -> None:
         self.loop = loop
+        #: the thread ``loop`` runs in (the sweeper is made on it, by a request running on the loop)
+        self.thread = _thread_id()
         self.interval = interval
         self.running: set[_Watch] = set()
         #: uvicorn requests: task -> (its request cycle, its exchange)
@@ -177,13 +182,17 @@ class _Sweeper:
         finally:
             self.task = None
 
-    def absorbs(self, task: asyncio.Task[Any], scope: Scope) -> bool:
-        """For a ``CancelledError`` out of a polled request's app: True when it is this layer's own
-        disconnect cancellation alone (swallow it)."""
-        return task in self.cancelled and _absorbed(task, self.cancelled, scope)
+    def absorbs(self, scope: Scope) -> bool:
+        """For a ``CancelledError`` out of the running polled request's app: True when it is this layer's
+        own disconnect cancellation alone (swallow it)."""
+        task = _running_task(self.loop)  # (the request's: it runs on this loop, on this thread)
+        return task is not None and task in self.cancelled and _absorbed(task, self.cancelled, scope)
 
-    def leave(self, task: asyncio.Task[Any]) -> None:
-        """A polled request is over."""
+    def leave(self) -> None:
+        """The running polled request is over."""
+        task = _running_task(self.loop)  # (the request's, as in ``absorbs``)
+        if task is None:
+            return
         self.polled.pop(task, None)  # (pop: a re-entered layer may have removed it already)
         if self.cancelled and task in self.cancelled:  # (empty, hence false, but on a disconnect)
             self.cancelled.discard(task)
@@ -200,33 +209,51 @@ class DisconnectWatch:
         self.watch_delay_s = watch_delay_s
         self._sweeper: _Sweeper | None = None
 
-    def enter(self, task: asyncio.Task[Any], receive: Receive, exchange: Exchange) -> _Sweeper | None:
-        """Under uvicorn, poll the request (then :meth:`_Sweeper.absorbs` and :meth:`_Sweeper.leave`
-        around the app); ``None`` for another server: run the app under :meth:`watched`."""
-        sweeper = self._sweeper
-        if sweeper is None or sweeper.loop is not task.get_loop():
-            sweeper = self._sweeper = _Sweeper(task.get_loop(), self.watch_delay_s)
+    def poll(self, receive: Receive, exchange: Exchange) -> _Sweeper | None:
+        """Under uvicorn, register the running request with its loop's sweeper and return the sweeper
+        (then its ``absorbs`` and ``leave`` around the app); ``None``: run the app under :meth:`watched`
+        (another server, or no task).
+
+        Every request of a server passes here, so it is one call doing only the registration, and it
+        does not ask for the running loop (``asyncio.get_running_loop`` makes a ``getpid`` system call
+        on every call before Python 3.12): the sweeper keeps its loop and the thread that loop runs
+        in; on that thread, the task that loop is running now (read from the running-task table) is
+        the one running this request, as a thread runs one loop at a time. The first request on a
+        loop, or on another thread, asks for the loop.
+        """
         cycle = getattr(receive, "__self__", None)
         if type(getattr(cycle, "disconnected", None)) is not bool:
             return None
+        sweeper = self._sweeper
+        task = _running_task(sweeper.loop) if sweeper is not None and sweeper.thread == _thread_id() else None
+        if sweeper is None or task is None:  # a new loop or thread (no task: the other path runs the app)
+            loop = _running_loop()
+            task = _running_task(loop)
+            if task is None:
+                return None
+            sweeper = self._sweeper_for(loop)
         sweeper.polled[task] = (cycle, exchange)
         if sweeper.task is None:
             sweeper.start()
         return sweeper
 
-    async def watched(
-        self,
-        app: ASGIApp,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        task: asyncio.Task[Any],
-        exchange: Exchange,
-    ) -> None:
-        """A server other than uvicorn (after :meth:`enter`): a watcher task reads ``receive`` once the
-        request has aged."""
+    def _sweeper_for(self, loop: asyncio.AbstractEventLoop) -> _Sweeper:
+        """The sweeper of ``loop`` (a new one when the server runs on a new loop, as tests do)."""
         sweeper = self._sweeper
-        assert sweeper is not None
+        if sweeper is None or sweeper.loop is not loop:
+            sweeper = self._sweeper = _Sweeper(loop, self.watch_delay_s)
+        return sweeper
+
+    async def watched(
+        self, app: ASGIApp, scope: Scope, receive: Receive, send: Send, exchange: Exchange
+    ) -> None:
+        """A server other than uvicorn (:meth:`poll` said ``None``): a watcher task reads ``receive`` once
+        the request has aged."""
+        task = asyncio.current_task()
+        if task is None:
+            await app(scope, receive, send)
+            return
+        sweeper = self._sweeper_for(task.get_loop())
         watch = _Watch(receive, task, exchange)
         sweeper.running.add(watch)
         sweeper.start()

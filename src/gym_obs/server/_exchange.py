@@ -37,34 +37,30 @@ StartHook = Callable[["Exchange", Message], Message]
 
 
 class Exchange:
-    """One request and its reply, as the gym layers see it (each field is written by one layer)."""
+    """One request and its reply, as the gym layers see it (each field is written by one layer).
 
-    __slots__ = (
-        "_hooks",
-        "bound",
-        "caller_gone",
-        "failure_log",
-        "final_report",
-        "report_hook",
-        "response_started",
-        "status",
-    )
+    The fields are class-level defaults, not set in an ``__init__``: an exchange is made on every request
+    and most fields keep their default (an exchange made in C, with no Python frame, and only the
+    fields a request changes stored on it).
+    """
 
-    def __init__(self) -> None:
-        #: whether the request's ``send`` is already behind this exchange's wrapper (:meth:`bind`)
-        self.bound = False
-        self._hooks: list[StartHook] | None = None
-        self.response_started = False
-        #: the reply's status (0 until the reply starts), for the SERVER span and its duration point
-        self.status = 0
-        #: set by the disconnect layer when it cancelled the handler for a caller that went away
-        self.caller_gone = False
-        #: the failure layer's log of this request, and the report of the failure it replies with
-        self.failure_log: RequestFailureLog | None = None
-        self.final_report: FailureReport | None = None
-        #: the failure layer's start hook adding the report header: run after the other hooks (the
-        #: failure layer is the outermost that hooks), and only when there is a log or a final report
-        self.report_hook: StartHook | None = None
+    #: whether the request's ``send`` is already behind this exchange's wrapper (:meth:`bind`)
+    bound: bool = False
+    _hooks: list[StartHook] | None = None
+    response_started: bool = False
+    #: the reply's status (0 until the reply starts), for the SERVER span and its duration point
+    status: int = 0
+    #: set by the disconnect layer when it cancelled the handler for a caller that went away
+    caller_gone: bool = False
+    #: the failure layer's log of this request, and the report of the failure it replies with
+    failure_log: RequestFailureLog | None = None
+    final_report: FailureReport | None = None
+    #: the failure layer's start hook adding the report header: run after the other hooks (the
+    #: failure layer is the outermost that hooks), and only when there is a log or a final report
+    report_hook: StartHook | None = None
+    #: the request's headers by name (the last value of each), built once (in C) by the context layer
+    #: for the layers inside that look a header up; ``None`` when no context layer built it
+    headers_by_name: dict[bytes, bytes] | None = None
 
     @staticmethod
     def join(scope: MutableMapping[str, Any], send: Send) -> tuple[Exchange, Send]:

@@ -25,8 +25,6 @@ from gym_obs.server._instrumentation import restore_after_instrumentation
 
 __all__ = ["DisconnectStep", "FailureStep", "RequestSteps", "SessionStep"]
 
-_current_task = asyncio.current_task
-
 # What this frame needs of each step (the steps' modules import this one, so it names none of them).
 
 
@@ -64,24 +62,18 @@ class FailureStep(Protocol):
 
 
 class _Polled(Protocol):
-    def absorbs(self, task: asyncio.Task[Any], scope: Scope) -> bool: ...
+    def absorbs(self, scope: Scope) -> bool: ...
 
-    def leave(self, task: asyncio.Task[Any]) -> None: ...
+    def leave(self) -> None: ...
 
 
 class DisconnectStep(Protocol):
     """``_disconnect.DisconnectWatch``."""
 
-    def enter(self, task: asyncio.Task[Any], receive: Receive, exchange: Exchange) -> _Polled | None: ...
+    def poll(self, receive: Receive, exchange: Exchange) -> _Polled | None: ...
 
     async def watched(
-        self,
-        app: ASGIApp,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        task: asyncio.Task[Any],
-        exchange: Exchange,
+        self, app: ASGIApp, scope: Scope, receive: Receive, send: Send, exchange: Exchange
     ) -> None: ...
 
 
@@ -125,21 +117,20 @@ class RequestSteps:
             log_token = failures.enter(exchange)  # it holds the log, made on the first record
         try:
             disconnect = self.disconnect
-            task = _current_task() if disconnect is not None else None
-            if task is None or disconnect is None:
+            if disconnect is None:
                 await self.app(scope, receive, send)
             else:
-                sweeper = disconnect.enter(task, receive, exchange)
+                sweeper = disconnect.poll(receive, exchange)
                 if sweeper is None:  # not uvicorn: a watcher task reads ``receive`` for the app
-                    await disconnect.watched(self.app, scope, receive, send, task, exchange)
+                    await disconnect.watched(self.app, scope, receive, send, exchange)
                 else:
                     try:
                         await self.app(scope, receive, send)
                     except asyncio.CancelledError:
-                        if not sweeper.absorbs(task, scope):
+                        if not sweeper.absorbs(scope):
                             raise
                     finally:
-                        sweeper.leave(task)
+                        sweeper.leave()
         except Exception as error:
             if failures is None or not failures.settles(error, exchange):
                 raise

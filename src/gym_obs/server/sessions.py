@@ -62,6 +62,7 @@ _MAX_JSON_BODY: Final = 1 << 20
 _COOKIE: Final = names.SESSION_COOKIE
 _HEADER: Final = names.SESSION_HEADER.lower().encode("latin-1")
 _SET_COOKIE: Final = b"set-cookie"
+_COOKIE_HEADER: Final = b"cookie"
 
 
 @dataclass(frozen=True)
@@ -219,15 +220,23 @@ def session_from_headers(
     over the headers costs several times more); only a request with a cookie walks them for every
     ``Cookie`` header.
     """
-    by_name = dict(headers)
+    return _session_from_header_map(headers, dict(headers), signer, routing)
+
+
+def _session_from_header_map(
+    headers: Sequence[tuple[bytes, bytes]],
+    by_name: dict[bytes, bytes],
+    signer: SessionSigner,
+    routing: OwnedSessionRouting,
+) -> str | None:
+    """:func:`session_from_headers` with the headers by name already built (``by_name``)."""
     header_token = by_name.get(_HEADER)
-    cookies = [value for key, value in headers if key == b"cookie"] if b"cookie" in by_name else None
     if header_token is not None and routing.header:
         found = signer.verify(header_token.decode("latin-1").strip(), routing.ownership_ttl_s)
         if found is not None:
             return found
-    if cookies is not None and routing.cookie:
-        token = _cookie_value(cookies, _COOKIE)
+    if _COOKIE_HEADER in by_name and routing.cookie:
+        token = _cookie_value([value for key, value in headers if key == _COOKIE_HEADER], _COOKIE)
         if token:
             return signer.verify(token, routing.ownership_ttl_s)
     return None
@@ -256,18 +265,22 @@ class RequestSession(dict[str, str]):
     :func:`current_session_id` all issue it.
     """
 
-    __slots__ = ("_context", "_exchange", "_layer", "_log_tokens", "_span", "token")
+    # The fields every request sets are slots; the others are class-level defaults, stored (in the
+    # instance's ``__dict__``) only by a request that names or issues a session, or records a span.
+    __slots__ = ("__dict__", "_context", "_exchange", "_layer")
 
-    def __init__(
-        self, session_id: str | None, layer: SessionLayer, span: Any, exchange: Exchange | None = None
-    ) -> None:
+    _span: Any = None
+    #: set when issued here: the reply hands it to the caller
+    token: str | None = None
+    _log_tokens: list[Any] | None = None
+
+    def __init__(self, session_id: str | None, layer: SessionLayer, exchange: Exchange | None = None) -> None:
         # (dict.__init__ is not called: the mapping starts empty, and this runs on every request)
         self._layer = layer
-        self._span = span
+        if STATE.enabled:  # the SERVER span the request's session id goes on
+            self._span = trace.get_current_span()
         #: a session issued during the request goes back on this exchange's reply (a start hook)
         self._exchange = exchange
-        self.token: str | None = None  # set when issued here: the reply hands it to the caller
-        self._log_tokens: list[Any] | None = None
         # The request starts: this session is current (``current_session_id``) until :meth:`end`.
         self._context: contextvars.Token[RequestSession | None] | None = _CURRENT.set(self)
         if session_id is not None:
@@ -367,17 +380,23 @@ class SessionLayer:
     def open(self, scope: Scope, exchange: Exchange | None = None) -> RequestSession | None:
         """Resolve the request's session from its headers (or the owner router) and make it current (a
         session issued later goes back on ``exchange``'s reply); ``None`` when the JSON body must be read
-        first (then call :meth:`open_reading_body`)."""
+        first (then call :meth:`open_reading_body`).
+
+        The headers are read through the exchange's ``headers_by_name`` (built once by the context
+        layer); a request with neither the session header nor a cookie (most) verifies no token.
+        """
         session_id: str | None = scope.pop(RESOLVED_SCOPE_KEY, None)
         if session_id is None:
             headers = scope["headers"]
-            session_id = session_from_headers(headers, self.signer, self.routing)
+            by_name = exchange.headers_by_name if exchange is not None else None
+            if by_name is None:
+                by_name = dict(headers)
+            if _HEADER in by_name or _COOKIE_HEADER in by_name:
+                session_id = _session_from_header_map(headers, by_name, self.signer, self.routing)
             wants_body = self.routing.json_field and scope["type"] == "http"
             if session_id is None and wants_body and _is_json(headers):
                 return None
-        # (what ``_start`` does, inline: every request of a server with sessions passes here)
-        span = trace.get_current_span() if STATE.enabled else None
-        session = scope["session"] = RequestSession(session_id, self, span, exchange)
+        session = scope["session"] = RequestSession(session_id, self, exchange)
         return session
 
     async def open_reading_body(
@@ -387,12 +406,8 @@ class SessionLayer:
         messages, body = await read_body(receive)
         field = self.routing.json_field
         session_id = json_field_value(body, field) if field else None
-        return self._start(scope, session_id, exchange), replaying(messages, receive)
-
-    def _start(self, scope: Scope, session_id: str | None, exchange: Exchange | None) -> RequestSession:
-        span = trace.get_current_span() if STATE.enabled else None
-        session = scope["session"] = RequestSession(session_id, self, span, exchange)
-        return session
+        session = scope["session"] = RequestSession(session_id, self, exchange)
+        return session, replaying(messages, receive)
 
     def reply_start(self, message: Message, session: RequestSession) -> Message:
         """The ``http.response.start`` message with a session issued during this request handed back."""
