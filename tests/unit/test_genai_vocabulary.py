@@ -16,9 +16,11 @@ from gym_obs.telemetry.genai import (
     MAX_TOKENS,
     ReplyFacts,
     SseEvents,
+    clean_name,
     dialect_for_path,
     facts_from_json,
     model_from_request_body,
+    span_id,
     update_from_event,
 )
 
@@ -147,6 +149,39 @@ def test_unprintable_or_huge_model_names_never_reach_the_facts() -> None:
     facts = facts_from_json(CHAT, _json({"model": "bad\x1b[31mname", "id": "x" * 5000, "usage": {}}))
     assert facts.response_model is None
     assert facts.response_id is not None and len(facts.response_id) == 256
+
+
+@pytest.mark.parametrize(
+    "reply_id",
+    [
+        f"chatcmpl-{7:032x}",  # a plain word: known clean and its own scrub
+        "chatcmpl-9xAbCkgJ",  # a word with marks: the searches run
+        "resp_" + "a" * 32,
+        "chatcmpl-sk-" + "A" * 20,  # a key inside an id
+        "AKIA" + "B" * 16,
+        "caf\u00e9-1",
+        "a\x01b",
+        "x" * 300,  # cut to 256 by clean_name
+        "",
+        5,
+        None,
+    ],
+)
+def test_a_replys_id_for_a_span_is_span_id_of_its_clean_id(reply_id: object) -> None:
+    for facts in (
+        facts_from_json(CHAT, _json({"id": reply_id, "usage": {}})),
+        _stream_facts(_json({"id": reply_id, "choices": []})),
+    ):
+        assert facts.response_id == clean_name(reply_id)
+        assert facts.span_response_id() == span_id(facts.response_id)
+    facts.response_id = "sk-" + "C" * 20  # replaced after the plain one was noted: scrubbed all the same
+    assert facts.span_response_id() == span_id(facts.response_id) != facts.response_id
+
+
+def _stream_facts(event: bytes) -> ReplyFacts:
+    facts = ReplyFacts()
+    update_from_event(CHAT, event, facts)
+    return facts
 
 
 def _events(stream: bytes, piece: int) -> list[bytes]:

@@ -162,3 +162,66 @@ def test_request_and_reply_model_names_are_scrubbed_each(
     attributes = dict(span.attributes or {})
     assert attributes[names.ATTR_GEN_AI_RESPONSE_MODEL] == shown
     assert attributes[names.ATTR_GEN_AI_REQUEST_MODEL] == (shown if asked == answered else asked)
+
+
+def test_calls_with_the_same_names_get_the_same_attributes_in_the_same_order(telemetry: Capture) -> None:
+    """A call's names are worked out once per combination (the layer keeps them): repeated and alternating
+    combinations, with and without an unparsable reason, get what the first of each got, in span order."""
+    replies = {
+        "ok": {"id": "c1", "model": "m", "usage": {"prompt_tokens": 1, "completion_tokens": 2}},
+        "other": {"id": "c2", "model": "m-2", "usage": {"prompt_tokens": 1, "completion_tokens": 2}},
+        "no usage": {"id": "c3", "model": "m"},  # missing_usage: the reason goes between provider and names
+    }
+    asked = {"ok": "m", "other": "big", "no usage": "m"}
+    order = ["ok", "other", "no usage", "ok", "no usage", "other", "ok"]
+    tracer = telemetry.tracer_provider.get_tracer(names.INSTRUMENTATION_SCOPE)
+
+    current = [order[0]]
+
+    async def handler(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await send(START)
+        await send({"type": "http.response.body", "body": json.dumps(replies[current[0]]).encode()})
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": json.dumps({"model": asked[current[0]]}).encode()}
+
+    async def send(message: dict[str, Any]) -> None:
+        pass
+
+    layer = ModelCallMiddleware(handler, provider="vllm", model_allow_list=["m"])
+
+    async def run() -> None:
+        for case in order:
+            current[0] = case
+            with tracer.start_as_current_span("POST /v1/chat/completions", kind=trace.SpanKind.SERVER):
+                await layer({"type": "http", "path": "/v1/chat/completions", "method": "POST"}, receive, send)
+
+    asyncio.run(run())
+    op, outcome, streamed = (
+        names.ATTR_GEN_AI_OPERATION_NAME, names.ATTR_GEN_AI_OUTCOME, names.ATTR_GEN_AI_STREAMED
+    )
+    tokens = [names.ATTR_GEN_AI_USAGE_INPUT_TOKENS, names.ATTR_GEN_AI_USAGE_OUTPUT_TOKENS]
+    provider, reason = names.ATTR_GEN_AI_PROVIDER_NAME, names.ATTR_GEN_AI_UNPARSABLE_REASON
+    models = [
+        names.ATTR_GEN_AI_REQUEST_MODEL, names.ATTR_GEN_AI_RESPONSE_MODEL, names.ATTR_GEN_AI_RESPONSE_ID
+    ]
+    expected = {
+        "ok": ([op, outcome, streamed, *tokens, provider, *models], ("m", "m", "c1")),
+        "other": ([op, outcome, streamed, *tokens, provider, *models], ("big", "m-2", "c2")),
+        "no usage": ([op, outcome, streamed, provider, reason, *models], ("m", "m", "c3")),
+    }
+    spans = telemetry.spans()
+    assert len(spans) == len(order)
+    for case, span in zip(order, spans, strict=True):
+        recorded = dict(span.attributes or {}).items()
+        attributes = {k: v for k, v in recorded if k.startswith(("gen_ai.", "gym."))}
+        keys, names_shown = expected[case]
+        assert list(attributes) == keys, case
+        assert tuple(attributes[key] for key in models) == names_shown, case
+        assert attributes[provider] == "vllm"
+    labels = sorted(
+        (p.attributes.get(names.ATTR_GEN_AI_REQUEST_MODEL), p.count)
+        for p in telemetry.metric_points(names.METRIC_GEN_AI_SERVER_REQUEST_DURATION)
+    )
+    assert labels == sorted([(names.GEN_AI_MODEL_OTHER, 2), ("m", 5)])  # the allow-list's label, per call

@@ -25,6 +25,7 @@ from opentelemetry.sdk.metrics import (
 from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMetricReader
 from opentelemetry.sdk.metrics.view import DropAggregation, View
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from gym_obs.telemetry import names
@@ -235,3 +236,60 @@ def test_an_instrument_a_view_selects_stays_the_sdks_and_the_view_applies() -> N
     assert names.METRIC_HTTP_SERVER_REQUEST_DURATION in metrics
     bounds = metrics[names.METRIC_HTTP_SERVER_REQUEST_DURATION].data.data_points[0].explicit_bounds
     assert tuple(bounds) == names.HTTP_DURATION_BUCKETS_S
+
+
+def test_whole_number_boundaries_give_the_sdks_buckets() -> None:
+    """Token histograms' boundaries are whole numbers, searched as ints: the buckets must not move."""
+    reader = _reader(CUMULATIVE)
+    meter = MeterProvider(metric_readers=[reader]).get_meter("gym_obs")
+    pre = attach(meter)
+    assert pre is not None
+    bounds = names.GEN_AI_TOKEN_BUCKETS
+    sdk = meter.create_histogram("t", unit="1", explicit_bucket_boundaries_advisory=list(bounds))
+    twin = pre.histogram("pre.t", "1", "", bounds)
+    values = [0, 1, 2, 4, 5, 16, 64, 65, 0.5, 3.999, 4.0, 4.001, 67108864, 67108865, 10**12]
+    for value in values:
+        sdk.record(value, {"k": "v"})
+        twin.record(value, {"k": "v"})
+    metrics = _metrics(reader)
+    (sdk_point,), (pre_point,) = metrics["t"].data.data_points, metrics["pre.t"].data.data_points
+    assert _comparable(pre_point) == _comparable(sdk_point)
+
+
+class _AskedFilter(ExemplarFilter):
+    """A filter gym knows nothing of: asked as the SDK asks it."""
+
+    def should_sample(self, value: float, time_unix_nano: int, attributes: Any, ctx: Any) -> bool:
+        return trace.get_current_span(ctx).get_span_context().is_valid
+
+
+@pytest.mark.parametrize(
+    "exemplar_filter",
+    [RecordedSpanExemplarFilter(), TraceBasedExemplarFilter(), AlwaysOnExemplarFilter(), _AskedFilter()],
+    ids=["recorded_span", "trace_based", "always_on", "custom"],
+)
+def test_the_exemplar_for_a_held_span_is_the_one_for_the_current_span(
+    exemplar_filter: ExemplarFilter,
+) -> None:
+    """``exemplar_for(span)`` asks about ``span`` directly when it is current, else falls back: either way
+    its decision is :meth:`exemplar`'s, whatever span is current."""
+    provider = MeterProvider(metric_readers=[_reader(CUMULATIVE)], exemplar_filter=exemplar_filter)
+    pre = attach(provider.get_meter("m"))
+    assert pre is not None
+    held = TRACER.start_span("held")
+    unsampled = TracerProvider(sampler=ALWAYS_OFF).get_tracer("t").start_span("unsampled")
+    places = {
+        "held": trace.set_span_in_context(held),
+        "another": trace.set_span_in_context(TRACER.start_span("another")),
+        "unsampled": trace.set_span_in_context(unsampled),
+        "remote": trace.set_span_in_context(NonRecordingSpan(REMOTE)),
+        "none": context.Context(),
+    }
+    for where, place in places.items():
+        token = context.attach(place)
+        try:
+            for span in (held, unsampled, None):
+                mine, theirs = pre.exemplar_for(span), pre.exemplar()
+                assert (mine and mine[0]) == (theirs and theirs[0]), (where, span)
+        finally:
+            context.detach(token)

@@ -17,6 +17,7 @@ from gym_obs.telemetry.redaction import (
     REDACTED_USERINFO,
     SENSITIVE_HEADERS,
     URL_PLACEHOLDER,
+    is_plain_word,
     redact_url,
     scrub_headers,
     scrub_text,
@@ -362,3 +363,17 @@ def test_scrub_word_is_scrub_text_for_every_word_and_passes_the_rest_on() -> Non
     for word in words:
         assert scrub_word(word) == scrub_text(word), word
     assert scrub_word("sk-" + "A" * 20) != "sk-" + "A" * 20  # a key in an id is still removed
+
+
+def test_a_plain_word_is_printable_and_its_own_scrub() -> None:
+    rng = random.Random(11)
+    alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.:/ \x01\u00e9"
+    words = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 24))) for _ in range(20_000)]
+    words += [f"chatcmpl-{n:032x}" for n in range(64)] + ["", "hf_" + "a" * 20, "eyJ" + "a" * 12]
+    plain = [word for word in words if is_plain_word(word)]
+    assert len(plain) > 500  # the test reaches the plain case often
+    for word in plain:
+        assert word and word.isprintable() and scrub_text(word) == word, word
+    assert all(is_plain_word(f"chatcmpl-{n:032x}") for n in range(64))  # what vLLM's ids look like
+    for word in ("", "resp_68ab", "chatcmpl-9xAbC", "sk-" + "A" * 20, "eyJ" + "a" * 12, "caf\u00e9", "a b"):
+        assert not is_plain_word(word), word  # a mark (k g x _ A J), no word, or empty: the full scrub

@@ -79,7 +79,6 @@ from gym_obs.telemetry.genai import (
     SseEvents,
     clean_name,
     facts_from_json,
-    span_id,
     span_text,
     update_from_event,
 )
@@ -486,7 +485,7 @@ class _ModelCall:
             (names.ATTR_GEN_AI_PROVIDER_NAME, self.target.provider),
             (names.ATTR_GEN_AI_REQUEST_MODEL, span_text(self.request_model)),
             (names.ATTR_GEN_AI_RESPONSE_MODEL, span_text(facts.response_model)),
-            (names.ATTR_GEN_AI_RESPONSE_ID, span_id(facts.response_id)),
+            (names.ATTR_GEN_AI_RESPONSE_ID, facts.span_response_id()),
             (names.ATTR_GEN_AI_USAGE_INPUT_TOKENS, facts.input_tokens),
             (names.ATTR_GEN_AI_USAGE_OUTPUT_TOKENS, facts.output_tokens),
             (names.ATTR_GEN_AI_USAGE_REASONING_TOKENS, facts.reasoning_tokens),

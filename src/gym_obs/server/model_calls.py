@@ -32,7 +32,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gym_obs.config import MODEL_CALLS_CONFIG_KEY, ConfigError, model_calls_enabled
-from gym_obs.server._model_call_points import TOKEN_SPAN_KEYS, CallPoints
+from gym_obs.server._model_call_points import TOKEN_SPAN_KEYS
+from gym_obs.server._model_call_shape import CallShapes
 from gym_obs.server._model_call_span import ends_with_the_app, server_span
 from gym_obs.telemetry import names
 from gym_obs.telemetry._state import STATE
@@ -42,8 +43,6 @@ from gym_obs.telemetry.genai import (
     dialect_for_path,
     facts_from_json,
     model_from_request_body,
-    span_id,
-    span_text,
     update_from_event,
 )
 from gym_obs.telemetry.metrics import Instruments
@@ -153,7 +152,8 @@ class _Call(ReplyFacts):
         "tail",
     )
 
-    # set in _start for the reply's kind only (a call pays for its own kind)
+    # set in _start for the reply's kind only (a call pays for its own kind); ended in _final (read only then)
+    ended: float
     json_parts: list[bytes]
     json_bytes: int
     head_bytes: int
@@ -172,7 +172,7 @@ class _Call(ReplyFacts):
         self._receive = receive
         self._send = send
         self.span = span
-        self.started = self.ended = time.perf_counter()  # ended: when the final body message was handed on
+        self.started = time.perf_counter()  # (ended: set when the final body message is handed on)
         self.mode = _WAITING
         self.status = self.scanned = 0
         self.complete = self.disconnected = self.recorded = False
@@ -465,10 +465,7 @@ class ModelCallMiddleware:
         self.app = app
         self.server_name = server_name
         self.provider = provider
-        self.allowed_models = frozenset(model_allow_list)
-        self._label_model = bool(self.allowed_models)
-        # (server name, operation, model label or None) -> its points; bounded by the label rule
-        self._points: dict[tuple[str, str, str | None], CallPoints] = {}
+        self._shapes = CallShapes(provider, model_allow_list)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         operation = dialect_for_path(scope["path"]) if scope["type"] == "http" else None
@@ -496,29 +493,6 @@ class ModelCallMiddleware:
         if instruments is not None:
             self._record(call, None, instruments)
 
-    def _points_for(self, call: _Call, instruments: Instruments) -> CallPoints:
-        server = self.server_name or STATE.server_name or ""
-        model: str | None = None
-        if self._label_model:
-            model = call.request_model or call.response_model
-            if model not in self.allowed_models:
-                model = names.GEN_AI_MODEL_OTHER
-        key = (server, call.operation, model)
-        points = self._points.get(key)
-        if points is None or points.instruments is not instruments:
-            base: dict[str, Any] = {
-                names.ATTR_SERVER_NAME: server,
-                names.ATTR_GEN_AI_OPERATION_NAME: call.operation,
-            }
-            if self.provider is not None:
-                base[names.ATTR_GEN_AI_PROVIDER_NAME] = self.provider
-            if model is not None:
-                base[names.ATTR_GEN_AI_REQUEST_MODEL] = model
-            if len(self._points) >= 1024:  # only a changing server name could get here
-                self._points.clear()
-            points = self._points[key] = CallPoints(instruments, base)
-        return points
-
     def _record(self, call: _Call, error: BaseException | None, instruments: Instruments) -> None:
         """Metrics and SERVER-span attributes of one call (once: after its last byte, else when it ended)."""
         call.recorded = True
@@ -532,10 +506,15 @@ class ModelCallMiddleware:
             facts_from_json(call.operation, b"".join(call.json_parts), call)
         else:
             call.read_stream()
-        points = self._points_for(call, instruments)
+        asked, answered = call.request_model, call.response_model
+        key = (self.server_name or STATE.server_name or "", call.operation, asked, answered)
+        shape = self._shapes.get(key)
+        if shape is None or shape.instruments is not instruments:
+            shape = self._shapes.make(key, instruments)
+        points = shape.points
         # an exemplar (one decision per call) on the latency points only: the span carries the counts too
         pre = instruments.pre
-        exemplar = pre.exemplar() if pre is not None else None
+        exemplar = pre.exemplar_for(call.span) if pre is not None else None
         measurements = [(points.duration[outcome], ended - call.started, exemplar)]
         attributes: dict[str, Any] = {
             names.ATTR_GEN_AI_OPERATION_NAME: call.operation,
@@ -556,10 +535,10 @@ class ModelCallMiddleware:
             attributes[names.ATTR_GEN_AI_USAGE_OUTPUT_TOKENS] = count
         if call.reasoning_tokens is not None or call.cached_input_tokens is not None:  # the rarer two
             counts = (call.reasoning_tokens, call.cached_input_tokens)
-            for point, key, count in zip(tokens[2:], TOKEN_SPAN_KEYS[2:], counts, strict=True):
+            for point, name, count in zip(tokens[2:], TOKEN_SPAN_KEYS[2:], counts, strict=True):
                 if count is not None:
                     measurements.append((point, count, None))
-                    attributes[key] = count
+                    attributes[name] = count
         reasons = call.finish_tuple()
         if reasons:  # normalised by genai: always of the fixed set
             for reason in reasons:
@@ -571,18 +550,14 @@ class ModelCallMiddleware:
         points.emit(measurements)
         span = call.span
         if span is not None:
-            if self.provider is not None:
-                attributes[names.ATTR_GEN_AI_PROVIDER_NAME] = self.provider
-            if problem is not None:
+            # the provider, then the names (the request's, the reply's model: scrubbed, in the shape), the id
+            if problem is None:
+                attributes.update(shape.names)
+            else:
+                if self.provider is not None:
+                    attributes[names.ATTR_GEN_AI_PROVIDER_NAME] = self.provider
                 attributes[names.ATTR_GEN_AI_UNPARSABLE_REASON] = problem
-            # the names: the request's (scanned), the reply's model and id; text a peer chose, so scrubbed
-            asked, answered = call.request_model, call.response_model
-            shown = span_text(asked)
-            if shown is not None:
-                attributes[names.ATTR_GEN_AI_REQUEST_MODEL] = shown
-            if answered is not None:  # usually the model asked for: scrubbed once
-                shown = shown if answered == asked else span_text(answered)
-                attributes[names.ATTR_GEN_AI_RESPONSE_MODEL] = shown
-            if call.response_id is not None:
-                attributes[names.ATTR_GEN_AI_RESPONSE_ID] = span_id(call.response_id)
+                attributes.update(shape.models)
+            if call.response_id is not None:  # text a peer chose, unique per call: scrubbed here
+                attributes[names.ATTR_GEN_AI_RESPONSE_ID] = call.span_response_id()
             set_trusted_attributes(span, attributes)

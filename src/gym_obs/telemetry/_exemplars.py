@@ -33,6 +33,7 @@ from opentelemetry.trace import (
     NonRecordingSpan,
     Span,
     SpanContext,
+    TraceFlags,
     get_current_span,
     set_span_in_context,
 )
@@ -45,6 +46,8 @@ __all__ = [
     "current_recorded_span",
     "exemplar_filter",
     "exemplar_sampler",
+    "span_answer",
+    "span_in",
 ]
 
 ENV_EXEMPLAR_FILTER: Final = "OTEL_METRICS_EXEMPLAR_FILTER"
@@ -52,6 +55,8 @@ ENV_EXEMPLAR_FILTER: Final = "OTEL_METRICS_EXEMPLAR_FILTER"
 #: (value, attributes, context) -> the span context an exemplar of this measurement points to (an invalid
 #: one: an exemplar without ids), or None: no exemplar.
 ExemplarSampler = Callable[[float, Attributes, Context | None], SpanContext | None]
+#: A filter's answer for measurements made under a given current span (an object: any value a context holds).
+SpanAnswer = Callable[[object], SpanContext | None]
 
 
 #: Span classes whose fields hot paths read directly (span context, kind, scope, attributes, lock, end time):
@@ -78,7 +83,8 @@ def _context_getter() -> Callable[[], Context]:
 _current_context: Final = _context_getter()
 
 
-def _span_in(context: Context | None) -> object:
+def span_in(context: Context | None = None) -> object:
+    """What ``context`` (default: the current one) holds as its span: a span, or None (one dict lookup)."""
     return (_current_context() if context is None else context).get(_SPAN_KEY)
 
 
@@ -103,6 +109,25 @@ def current_recorded_span(context: Context | None = None) -> Span | None:
     return span if known[1] else None  # type: ignore[return-value]
 
 
+# Where a ``SpanContext`` (a tuple whose properties index it: each a Python call) keeps its trace flags and
+# validity; read by position on hot paths when a probe shows the API lays it out so.
+_FLAGS_AT: Final = 3
+_VALID_AT: Final = 5
+
+
+def _fields_by_position() -> bool:
+    probe = SpanContext(1, 2, False, TraceFlags(TraceFlags.SAMPLED))
+    return (
+        isinstance(probe, tuple)
+        and len(probe) > _VALID_AT
+        and probe[_FLAGS_AT] is probe.trace_flags
+        and probe[_VALID_AT] is probe.is_valid is True
+    )
+
+
+_BY_POSITION: Final = _fields_by_position()
+
+
 def _recorded(span: object) -> SpanContext | None:
     """``span``'s context when it is a sampled span of this process, else None (gym's filter)."""
     kind = type(span)
@@ -112,7 +137,8 @@ def _recorded(span: object) -> SpanContext | None:
         span_context = span.get_span_context()  # type: ignore[attr-defined]
     else:
         return None
-    return span_context if span_context.trace_flags & 1 else None
+    flags = span_context[_FLAGS_AT] if _BY_POSITION else span_context.trace_flags
+    return span_context if flags & 1 else None
 
 
 def _sampled(span: object) -> SpanContext | None:
@@ -124,7 +150,11 @@ def _sampled(span: object) -> SpanContext | None:
         span_context = span.get_span_context()  # type: ignore[attr-defined]
     else:
         return None
-    return span_context if span_context.is_valid and span_context.trace_flags & 1 else None
+    if _BY_POSITION:
+        flags, valid = span_context[_FLAGS_AT], span_context[_VALID_AT]
+    else:
+        flags, valid = span_context.trace_flags, span_context.is_valid
+    return span_context if valid and flags & 1 else None
 
 
 def _any(span: object) -> SpanContext | None:
@@ -132,7 +162,7 @@ def _any(span: object) -> SpanContext | None:
     return (span if isinstance(span, Span) else INVALID_SPAN).get_span_context()
 
 
-def _per_span(answer: Callable[[object], SpanContext | None]) -> ExemplarSampler:
+def _per_span(answer: SpanAnswer) -> ExemplarSampler:
     """A sampler that asks ``answer`` about the current span once per span: the points of one request are
     measured under the same span, so every point after its first costs two dict lookups and an identity
     test. (A span's answer never changes; the one span remembered is kept alive until the next.)"""
@@ -158,7 +188,7 @@ class RecordedSpanExemplarFilter(ExemplarFilter):
     def should_sample(
         self, value: float, time_unix_nano: int, attributes: Attributes, context: Context
     ) -> bool:
-        return _recorded(_span_in(context)) is not None
+        return _recorded(span_in(context)) is not None
 
 
 def exemplar_filter(tracing: bool, env: Mapping[str, str]) -> ExemplarFilter | None:
@@ -168,20 +198,29 @@ def exemplar_filter(tracing: bool, env: Mapping[str, str]) -> ExemplarFilter | N
     return RecordedSpanExemplarFilter() if tracing else AlwaysOffExemplarFilter()
 
 
+def span_answer(chosen: ExemplarFilter | None) -> SpanAnswer | None:
+    """What ``chosen`` answers for a measurement made under a given current span, for the SDK's three filters
+    and gym's (their answer depends on that span alone); None for any other filter (or none)."""
+    if type(chosen) is RecordedSpanExemplarFilter:
+        return _recorded
+    if type(chosen) is TraceBasedExemplarFilter:
+        return _sampled
+    if type(chosen) is AlwaysOnExemplarFilter:
+        return _any
+    return None
+
+
 def exemplar_sampler(chosen: ExemplarFilter | None) -> ExemplarSampler | None:
     """The per-measurement sampler that does what ``chosen`` decides; None when no measurement is eligible.
 
-    The SDK's three filters and gym's own get a direct implementation; any other filter is asked as the SDK
+    The SDK's three filters and gym's get a direct implementation; any other filter is asked as the SDK
     would ask it (``should_sample`` with the measurement's value, time, attributes and context).
     """
     if chosen is None or isinstance(chosen, AlwaysOffExemplarFilter):
         return None
-    if type(chosen) is RecordedSpanExemplarFilter:
-        return _per_span(_recorded)
-    if type(chosen) is TraceBasedExemplarFilter:
-        return _per_span(_sampled)
-    if type(chosen) is AlwaysOnExemplarFilter:
-        return _per_span(_any)
+    answer = span_answer(chosen)
+    if answer is not None:
+        return _per_span(answer)
     should_sample = chosen.should_sample
 
     def ask(value: float, attributes: Attributes, context: Context | None) -> SpanContext | None:

@@ -17,7 +17,7 @@ from typing import Any, Final
 import orjson
 
 from gym_obs.telemetry import names
-from gym_obs.telemetry.redaction import scrub_text, scrub_word
+from gym_obs.telemetry.redaction import is_plain_word, scrub_text, scrub_word
 
 __all__ = [
     "MAX_TOKENS",
@@ -151,6 +151,7 @@ class ReplyFacts:
         "_finish_by_index",
         "_finish_index",
         "_finish_reason",
+        "_plain_id",
         "cached_input_tokens",
         "content_started",
         "input_tokens",
@@ -172,6 +173,7 @@ class ReplyFacts:
         self._finish_by_index: dict[int, str] | None = None
         self.response_model: str | None = None
         self.response_id: str | None = None
+        self._plain_id: str | None = None  # response_id when it is a plain word (its own scrub)
         self.content_started = False
         self.problem: str | None = None
 
@@ -227,8 +229,18 @@ class ReplyFacts:
             self.response_model = clean_name(value)
 
     def note_id(self, value: object) -> None:
+        """The reply's id, when none was seen yet: cleaned (a plain word, the usual id, is known clean and
+        scrubbed in one test: :func:`~gym_obs.telemetry.redaction.is_plain_word`)."""
         if self.response_id is None:
-            self.response_id = clean_name(value)
+            if type(value) is str and 0 < len(value) <= _MAX_NAME_CHARS and is_plain_word(value):
+                self.response_id = self._plain_id = value
+            else:
+                self.response_id = clean_name(value)
+
+    def span_response_id(self) -> str | None:
+        """:attr:`response_id` for a span: :func:`span_id` of it (a plain word is its own)."""
+        value = self.response_id
+        return value if value is self._plain_id else span_id(value)
 
 
 # --- token counts ------------------------------------------------------------------------------------------
@@ -396,7 +408,7 @@ def _identify(facts: ReplyFacts, reply: dict[str, Any]) -> None:
     if facts.response_model is None:
         facts.response_model = clean_name(reply.get("model"))
     if facts.response_id is None:
-        facts.response_id = clean_name(reply.get("id"))
+        facts.note_id(reply.get("id"))
 
 
 # --- streamed replies --------------------------------------------------------------------------------------

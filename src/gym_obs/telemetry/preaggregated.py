@@ -62,7 +62,7 @@ from opentelemetry.sdk.metrics.view import View
 from opentelemetry.trace import SpanContext
 from opentelemetry.util.types import Attributes
 
-from gym_obs.telemetry._exemplars import ExemplarSampler, exemplar_sampler
+from gym_obs.telemetry._exemplars import ExemplarSampler, exemplar_sampler, span_answer, span_in
 
 __all__ = [
     "Measurement",
@@ -93,8 +93,9 @@ _Kept = tuple[float, Exemplar, int]
 class _Series:
     """One attribute set's running totals (and, for delta readers, the window since the last export).
 
-    A histogram's series has its instrument's ``boundaries``; a sum's has None and a ``floor`` (the smallest
-    value it takes), so :meth:`PreAggregation.add_all` adds to either without asking the instrument.
+    A histogram's series has its instrument's ``boundaries`` (and ``search``, the same as its bucket search
+    compares them); a sum's has None and a ``floor`` (the smallest value it takes), so
+    :meth:`PreAggregation.add_all` adds to either without asking the instrument.
     """
 
     __slots__ = (
@@ -106,6 +107,7 @@ class _Series:
         "kept",
         "max",
         "min",
+        "search",
         "start_ns",
         "sum",
         "window_max",
@@ -117,6 +119,7 @@ class _Series:
     ) -> None:
         self.attributes = dict(attributes) if attributes else {}
         self.boundaries = boundaries
+        self.search = _search_keys(boundaries)
         self.floor = floor
         self.counts = [0] * (len(boundaries) + 1 if boundaries is not None else 0)
         self.count = 0
@@ -127,6 +130,15 @@ class _Series:
         self.window_max = -_INF
         self.start_ns = time.time_ns()
         self.kept: list[_Kept | None] | None = None  # exemplar slots, made for the first exemplar
+
+
+def _search_keys(boundaries: tuple[float, ...] | None) -> tuple[float, ...] | None:
+    """``boundaries`` as the bucket search compares them: as ints when every one is a whole number (a token
+    count, an int, then compares int to int, a third cheaper than int to float; the same order, so the same
+    bucket), else as they are."""
+    if boundaries is not None and all(bound.is_integer() for bound in boundaries):
+        return tuple(int(bound) for bound in boundaries)
+    return boundaries
 
 
 #: A measurement for :meth:`PreAggregation.add_all`: (bound series, value, exemplar decision or None).
@@ -268,6 +280,8 @@ class PreAggregation:
         self.generation = 0
         #: The exemplar decision per measurement (None: exemplars are off).
         self.sampler = exemplar_sampler(exemplar_filter)
+        #: The filter's answer for a given current span, where that is all it depends on (else None).
+        self._answer = span_answer(exemplar_filter) if self.sampler is not None else None
         self._scope = scope
         self._resource = resource
         self._views = tuple(views)
@@ -315,12 +329,12 @@ class PreAggregation:
         try:
             generation = self.generation
             for series, value, exemplar in measurements:
-                boundaries = series.boundaries
-                if boundaries is None:  # a sum
+                search = series.search
+                if search is None:  # a sum
                     series.count += 1
                     slot = 0
                 else:  # a histogram (its count is the sum of its buckets')
-                    slot = bisect_left(boundaries, value)  # upper-inclusive buckets, as the SDK's
+                    slot = bisect_left(search, value)  # upper-inclusive buckets, as the SDK's
                     series.counts[slot] += 1
                     # only the window's extremes here; they are folded into the running ones at export
                     if value < series.window_min:
@@ -342,6 +356,16 @@ class PreAggregation:
         at the value); a custom filter is asked with the value 0."""
         sample = self.sampler
         span_context = None if sample is None else sample(0, None, context)
+        return None if span_context is None else (span_context, _time_ns())
+
+    def exemplar_for(self, span: object) -> Exemplar | None:
+        """:meth:`exemplar`, for a caller that holds the span it expects to be current (a request's own, at
+        its end): one lookup confirms it, and the filter is asked about it directly (no per-span cache to
+        consult: the span is new each request). Any other current span gets :meth:`exemplar`'s answer."""
+        answer = self._answer
+        if answer is None or span_in() is not span:
+            return self.exemplar()
+        span_context = answer(span)
         return None if span_context is None else (span_context, _time_ns())
 
     def metrics_for(self, reader: Any) -> list[Metric]:

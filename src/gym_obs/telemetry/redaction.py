@@ -19,6 +19,7 @@ __all__ = [
     "SENSITIVE_HEADERS",
     "URL_PLACEHOLDER",
     "escape_controls",
+    "is_plain_word",
     "is_secret_key",
     "redact_url",
     "scrub_headers",
@@ -253,14 +254,33 @@ def scrub_text(text: str) -> str:
 
 
 # One word of the characters ids are made of (``[A-Za-z0-9_-]``): no URL, query, separator or space can occur
-# in it, so of scrub_text's patterns only the prefixed keys, AWS key ids and JWTs can match inside one.
+# in it, so of scrub_text's patterns only the prefixed keys, AWS key ids and JWTs can match inside one, and
+# each needs a byte of _WORD_MARKS (a key prefix's mark, ``A`` of an AWS key id, ``J`` of ``eyJ``).
+_WORD_MARKS: Final = b"kgx_AJ"
+if not all(mark.encode()[-1:] in _WORD_MARKS for mark in _KEY_PREFIX_MARKS):  # pragma: no cover
+    raise AssertionError("a key-prefix mark is_plain_word does not class as a mark: extend _WORD_MARKS")
+_WORD_BYTES: Final = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-"
+# Each byte as its class, in one C call: ``a`` a word byte no such pattern needs, ``B`` any other byte (a
+# mark, or no word byte at all); a plain word's classes are then ``islower()``.
+_PLAIN_CLASSES: Final = bytes(
+    ord("a") if byte in _WORD_BYTES and byte not in _WORD_MARKS else ord("B") for byte in range(256)
+)
+
+
+def is_plain_word(text: str) -> bool:
+    """Whether ``text`` is a word of ``[A-Za-z0-9_-]`` without a byte a secret pattern inside a word needs
+    (a hex id: ``chatcmpl-<hex>``): printable, and :func:`scrub_text` leaves it as it is. Two C calls and a
+    table lookup per byte, for ids that are unique per call (no cache helps)."""
+    return text.isascii() and text.encode().translate(_PLAIN_CLASSES).islower()
 
 
 def scrub_word(text: str) -> str:
     """:func:`scrub_text`, the same result, for an id-like word (``chatcmpl-9x…``, ``resp_68…``): only the
     patterns that fit inside a word of ``[A-Za-z0-9_-]`` are searched, and only when a letter they start
-    with is there (a hex id has none); any other text goes through :func:`scrub_text`. For values that are
-    unique per call, where no cache helps."""
+    with is there (a plain word, :func:`is_plain_word`, runs none); any other text goes through
+    :func:`scrub_text`. For values that are unique per call, where no cache helps."""
+    if is_plain_word(text):
+        return text
     if (
         text.isascii()  # O(1) for a str; then its UTF-8 bytes are its characters, and the word test is
         # bytes.isalnum's table (a regex fullmatch costs ~5x more per character)
