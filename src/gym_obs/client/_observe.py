@@ -44,6 +44,7 @@ _time_ns = time.time_ns
 _MAX_CACHED: Final = 4096
 _EVENT_MESSAGE_CHARS: Final = 500
 _OTHER_METHOD: Final = "_OTHER"
+_CLIENT: Final = SpanKind.CLIENT  # per request: read once (off the enum class it costs ~50 ns on 3.11)
 
 # A duration point: method, destination, gym server name, status (an error status is also error.type) or
 # the error type of a failed attempt.
@@ -285,7 +286,7 @@ class RequestObserver:
         assert self.tracer is not None and self.token is None
         parent = otel_context.get_current()
         span = self.span = start_trusted_span(
-            self.tracer, self.name, parent, SpanKind.CLIENT, self._attributes(), self.start_ns
+            self.tracer, self.name, parent, _CLIENT, self._attributes(), self.start_ns
         )
         context = trace.set_span_in_context(span, parent)
         self.token = otel_context.attach(context)
@@ -365,7 +366,7 @@ class RequestObserver:
             attributes = {**self._attributes(), names.ATTR_HTTP_RESPONSE_STATUS_CODE: status}
             if error is not None:
                 attributes[names.ATTR_ERROR_TYPE] = error
-        span = start_trusted_span(self.tracer, self.name, None, SpanKind.CLIENT, attributes, self.start_ns)
+        span = start_trusted_span(self.tracer, self.name, None, _CLIENT, attributes, self.start_ns)
         if error is not None:
             span.set_status(Status(StatusCode.ERROR, error))
         span.end()
