@@ -205,8 +205,10 @@ def test_ten_thousand_rollouts_keep_the_reply_bounded(tmp_path: Path) -> None:
         assert route["oldest"][0]["elapsed_s"] >= route["oldest"][-1]["elapsed_s"]
 
 
-def test_top_refreshes_until_ctrl_c_and_exits_cleanly(tmp_path: Path) -> None:
-    """Live mode with no head server listening: every frame says so, and SIGINT ends it with status 0."""
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
+def test_top_refreshes_until_ctrl_c_and_exits_cleanly(tmp_path: Path, stop_signal: signal.Signals) -> None:
+    """Live mode with no head server listening: every frame says so, and SIGINT (or SIGTERM) ends it with
+    status 0."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "GYM_OBS_"))}
     out_path, err_path = tmp_path / "out.txt", tmp_path / "err.txt"
     head = "gym-obs top   head http://127.0.0.1:16799"
@@ -221,7 +223,7 @@ def test_top_refreshes_until_ctrl_c_and_exits_cleanly(tmp_path: Path) -> None:
             while out_path.read_text().count(head) < 3:  # started (imports are slow on a loaded machine)
                 assert proc.poll() is None and time.monotonic() < deadline, err_path.read_text()[-2000:]
                 time.sleep(0.1)
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(stop_signal)
             proc.wait(timeout=30)
         finally:
             if proc.poll() is None:

@@ -13,9 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Final
@@ -35,6 +36,8 @@ _MAX_AGENTS: Final = 1000
 _MAX_REPLY_BYTES: Final = 8 * 1024 * 1024
 _MAX_ID_CHARS: Final = 256
 _CLEAR: Final = "\x1b[H\x1b[2J"
+_STOP_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM)
+_CANCEL_WAIT_S: Final = 1.0  # a refresh cancelled by Ctrl-C gets this long to let go of its connections
 
 
 @dataclass
@@ -278,13 +281,44 @@ def run_top(
 
     clear = _CLEAR if not as_json and stream.isatty() else ""
 
-    async def loop() -> None:
-        while True:
-            started = time.monotonic()
-            view = await refresh()
-            print(clear + frame(view), file=stream, flush=True)
-            await asyncio.sleep(max(0.0, interval_s - (time.monotonic() - started)))
+    async def show() -> None:
+        view = await refresh()
+        print(clear + frame(view), file=stream, flush=True)
 
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(loop())
+    with contextlib.suppress(KeyboardInterrupt):  # (where the signals cannot be handled by the loop)
+        asyncio.run(_until_stopped(show, interval_s))
     return 0
+
+
+async def _until_stopped(show: Callable[[], Awaitable[None]], interval_s: float) -> None:
+    """``show()`` every ``interval_s`` until Ctrl-C (SIGINT) or SIGTERM.
+
+    The signals set an event this loop waits on, next to the refresh in flight (then cancelled, with a
+    bounded wait): a cancellation alone can be lost inside a library that turns it into an error of its
+    own, and the view would go on refreshing after Ctrl-C.
+    """
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    handled: list[signal.Signals] = []
+    for signum in _STOP_SIGNALS:
+        try:
+            loop.add_signal_handler(signum, stop.set)
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no such support
+            continue
+        handled.append(signum)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        while not stop.is_set():
+            started = time.monotonic()
+            refreshing = asyncio.ensure_future(show())
+            await asyncio.wait((refreshing, stopped), return_when=asyncio.FIRST_COMPLETED)
+            if not refreshing.done():
+                refreshing.cancel()
+                await asyncio.wait((refreshing,), timeout=_CANCEL_WAIT_S)
+                break
+            refreshing.result()  # (its own errors propagate)
+            await asyncio.wait((stopped,), timeout=max(0.0, interval_s - (time.monotonic() - started)))
+    finally:
+        stopped.cancel()
+        for signum in handled:
+            loop.remove_signal_handler(signum)
