@@ -21,7 +21,7 @@ from typing import Any
 
 import aiohttp
 from opentelemetry import context as otel_context
-from opentelemetry.trace import Span, SpanKind, Tracer, set_span_in_context
+from opentelemetry.trace import Span, Tracer, set_span_in_context
 
 from gym_obs.client import ServerClient
 from gym_obs.client.http_client import raise_boundary_failure
@@ -32,13 +32,18 @@ from gym_obs.harness.servers._common import failure_for_call
 from gym_obs.harness.tally import RunTally
 from gym_obs.telemetry import names
 from gym_obs.telemetry.propagation import rollout_context
-from gym_obs.telemetry.spans import current_ids, record_exception, set_span_error, start_trusted_span
+from gym_obs.telemetry.spans import (
+    INTERNAL_KIND,
+    current_ids,
+    record_exception,
+    set_span_error,
+    start_trusted_span,
+)
 
 __all__ = ["Driver"]
 
 _RUN_ROUTE = "/run"
 _DRIVER_MAX_TRIES = 3
-_INTERNAL = SpanKind.INTERNAL  # per rollout: read once (off the enum class it costs ~50 ns on 3.11)
 
 
 @dataclass
@@ -60,7 +65,7 @@ class Driver:
         # the run's own id: valid and bounded, so the span starts without the SDK's attribute cleaning
         attributes = {names.ATTR_ROLLOUT_ID: rollout_id}
         name = names.SPAN_HARNESS_ROLLOUT
-        span = start_trusted_span(self.tracer, name, None, _INTERNAL, attributes)
+        span = start_trusted_span(self.tracer, name, None, INTERNAL_KIND, attributes)
         token = otel_context.attach(set_span_in_context(span))
         try:
             yield span  # an exception is recorded by the caller, as a failed row says it

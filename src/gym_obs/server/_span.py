@@ -52,7 +52,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.propagate import get_global_textmap
-from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import INVALID_SPAN, Span, Status, StatusCode
 from starlette.routing import Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -64,7 +64,13 @@ from gym_obs.telemetry._types import AttributeValue
 from gym_obs.telemetry.metrics import AttributeCache
 from gym_obs.telemetry.propagation import context_from_traceparent, current_rollout_id, w3c_default_propagator
 from gym_obs.telemetry.redaction import scrub_text
-from gym_obs.telemetry.spans import record_exception, set_trusted_attributes, start_trusted_span
+from gym_obs.telemetry.spans import (
+    INTERNAL_KIND,
+    SERVER_KIND,
+    record_exception,
+    set_trusted_attributes,
+    start_trusted_span,
+)
 
 __all__ = ["ServerSpanMiddleware", "add_server_span"]
 
@@ -89,9 +95,6 @@ _MAX_CACHED: Final = 256  # request shapes and span names remembered (cleared wh
 _MAX_RAW_USER_AGENT: Final = 4 * names.MAX_USER_AGENT_CHARS  # bounds the scrubber's work
 _SPAN_NAME_OTHER: Final = "HTTP"  # span name of a request with a method outside the conventions' set
 _ERROR_STATUS: Final = 500
-# per request: enum members read once (one read off the class costs ~50 ns on Python 3.11)
-_SERVER: Final = SpanKind.SERVER
-_INTERNAL: Final = SpanKind.INTERNAL
 
 
 def add_server_span(app: ASGIApp, instrumentation: str) -> ASGIApp:
@@ -202,9 +205,9 @@ class ServerSpanMiddleware:
         if trace.get_current_span() is not INVALID_SPAN:
             # Called in-process inside another span (a test client): a child, as contrib does.
             parent = otel_context.get_current()
-            kind = _INTERNAL
+            kind = INTERNAL_KIND
         else:
-            kind = _SERVER
+            kind = SERVER_KIND
             if carrier is None and w3c_default_propagator():
                 parent = (
                     _ROOT if traceparent is None else context_from_traceparent(traceparent.decode("latin-1"))
