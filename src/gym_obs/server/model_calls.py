@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gym_obs.config import MODEL_CALLS_CONFIG_KEY, ConfigError, model_calls_enabled
+from gym_obs.server._model_call_json import read_json_reply
 from gym_obs.server._model_call_points import TOKEN_SPAN_KEYS
 from gym_obs.server._model_call_shape import CallShapes
 from gym_obs.server._model_call_span import ends_with_the_app, server_span
@@ -41,7 +42,6 @@ from gym_obs.telemetry.genai import (
     ReplyFacts,
     SseEvents,
     dialect_for_path,
-    facts_from_json,
     model_from_request_body,
     update_from_event,
 )
@@ -503,7 +503,7 @@ class ModelCallMiddleware:
             ended = time.perf_counter()
             outcome = call.outcome(error)
         if call.mode == _JSON:  # (a one-part body is not copied by join)
-            facts_from_json(call.operation, b"".join(call.json_parts), call)
+            read_json_reply(call.operation, b"".join(call.json_parts), call)
         else:
             call.read_stream()
         asked, answered = call.request_model, call.response_model

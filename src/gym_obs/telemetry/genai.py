@@ -20,10 +20,13 @@ from gym_obs.telemetry import names
 from gym_obs.telemetry.redaction import is_plain_word, scrub_text, scrub_word
 
 __all__ = [
+    "CHAT_FINISH",
+    "MAX_NAME_CHARS",
     "MAX_TOKENS",
     "ReplyFacts",
     "SseEvents",
     "dialect_for_path",
+    "facts_from_data",
     "facts_from_json",
     "model_from_request_body",
     "update_from_event",
@@ -32,7 +35,8 @@ __all__ = [
 #: More tokens than this in one call is not a real count (a bug or hostile input): the value is dropped.
 MAX_TOKENS: Final = 100_000_000
 _MAX_FINISH_REASONS: Final = 64
-_MAX_NAME_CHARS: Final = 256
+#: A model name or reply id longer than this is not put on a span.
+MAX_NAME_CHARS: Final = 256
 #: A line longer than this (one SSE ``data:`` line) is not parsed: its event is skipped as too large.
 MAX_LINE_BYTES: Final = 4 * 1024 * 1024
 
@@ -43,7 +47,8 @@ _ROUTES: Final = {
 }
 _ROLLOUT_PREFIX: Final = re.compile(r"^/" + names.ROLLOUT_PATH_SEGMENT + r"/[^/]+(?=/)")
 
-_CHAT_FINISH: Final = {
+#: A chat choice's ``finish_reason`` -> its normalised reason (any other value: ``other``).
+CHAT_FINISH: Final = {
     "stop": names.GEN_AI_FINISH_STOP,
     "length": names.GEN_AI_FINISH_LENGTH,
     "tool_calls": names.GEN_AI_FINISH_TOOL_CALL,
@@ -90,12 +95,12 @@ def dialect_for_path(path: str) -> str | None:
 
 def clean_name(value: object) -> str | None:
     """A model name or id fit for a span: a printable string of bounded length, else None."""
-    if type(value) is str and 0 < len(value) <= _MAX_NAME_CHARS:  # the usual case, in fewer steps
+    if type(value) is str and 0 < len(value) <= MAX_NAME_CHARS:  # the usual case, in fewer steps
         return value if value.isprintable() else None
     if not isinstance(value, str) or not value:
         return None
-    if len(value) > _MAX_NAME_CHARS:
-        value = value[:_MAX_NAME_CHARS]
+    if len(value) > MAX_NAME_CHARS:
+        value = value[:MAX_NAME_CHARS]
     return value if value.isprintable() else None
 
 
@@ -232,7 +237,7 @@ class ReplyFacts:
         """The reply's id, when none was seen yet: cleaned (a plain word, the usual id, is known clean and
         scrubbed in one test: :func:`~gym_obs.telemetry.redaction.is_plain_word`)."""
         if self.response_id is None:
-            if type(value) is str and 0 < len(value) <= _MAX_NAME_CHARS and is_plain_word(value):
+            if type(value) is str and 0 < len(value) <= MAX_NAME_CHARS and is_plain_word(value):
                 self.response_id = self._plain_id = value
             else:
                 self.response_id = clean_name(value)
@@ -331,7 +336,7 @@ def _chat_choices(facts: ReplyFacts, choices: object) -> None:
             if reason is not None:
                 index = choice.get("index")
                 facts.add_finish(
-                    _CHAT_FINISH.get(reason, names.GEN_AI_FINISH_OTHER)
+                    CHAT_FINISH.get(reason, names.GEN_AI_FINISH_OTHER)
                     if type(reason) is str
                     else names.GEN_AI_FINISH_OTHER,
                     index if type(index) is int else position,
@@ -383,6 +388,11 @@ def facts_from_json(operation: str, body: bytes, facts: ReplyFacts | None = None
     except Exception:
         facts.flag(names.GEN_AI_UNPARSABLE_MALFORMED)
         return facts
+    return facts_from_data(operation, data, facts)
+
+
+def facts_from_data(operation: str, data: object, facts: ReplyFacts) -> ReplyFacts:
+    """:func:`facts_from_json` for a reply already parsed (``orjson.loads`` of its body)."""
     try:
         if type(data) is not dict:  # what orjson makes of a JSON object
             facts.flag(names.GEN_AI_UNPARSABLE_MALFORMED)
