@@ -15,7 +15,14 @@ from typing import Final
 import orjson
 
 from gym_obs.telemetry import names
-from gym_obs.telemetry.genai import CHAT_FINISH, MAX_NAME_CHARS, MAX_TOKENS, ReplyFacts, facts_from_data
+from gym_obs.telemetry.genai import (
+    CHAT_FINISH,
+    MAX_NAME_CHARS,
+    MAX_TOKENS,
+    ONE_FINISH,
+    ReplyFacts,
+    facts_from_data,
+)
 from gym_obs.telemetry.redaction import is_plain_word
 
 __all__ = ["read_json_reply"]
@@ -24,14 +31,18 @@ _CHAT: Final = names.GEN_AI_OPERATION_CHAT
 _OTHER: Final = names.GEN_AI_FINISH_OTHER
 
 
-def read_json_reply(operation: str, body: bytes, facts: ReplyFacts) -> None:
+def read_json_reply(operation: str, body: bytes, facts: ReplyFacts) -> tuple[str] | None:
     """Read one JSON reply of ``operation``'s dialect into ``facts``, which are new (nothing read into them
-    yet): the same facts as :func:`~gym_obs.telemetry.genai.facts_from_json`. Never raises."""
+    yet): the same facts as :func:`~gym_obs.telemetry.genai.facts_from_json`. Never raises.
+
+    Returns the reply's finish reasons (``ONE_FINISH``'s tuple) when it was a usual chat reply with a finish
+    reason: then the facts are both counts, that reason, the model and a plain-word id, and nothing else
+    (no other count, no problem); else None."""
     try:
         data = orjson.loads(body)
     except Exception:
         facts.flag(names.GEN_AI_UNPARSABLE_MALFORMED)
-        return
+        return None
     if operation == _CHAT and type(data) is dict:
         choices = data.get("choices")
         usage = data.get("usage")
@@ -62,14 +73,18 @@ def read_json_reply(operation: str, body: bytes, facts: ReplyFacts) -> None:
             ):
                 # stored as ReplyFacts.add_finish and note_id store them in new facts (one finish reason,
                 # a plain-word id), without their calls
-                reason = choice.get("finish_reason")
-                if reason is not None:
-                    index = choice.get("index")
-                    facts._finish_index = index if type(index) is int else 0
-                    facts._finish_reason = CHAT_FINISH.get(reason, _OTHER) if type(reason) is str else _OTHER
                 facts.input_tokens = prompt
                 facts.output_tokens = completion
                 facts.response_model = model
                 facts.response_id = facts._plain_id = reply_id
-                return
+                reason = choice.get("finish_reason")
+                if reason is None:
+                    return None
+                index = choice.get("index")
+                facts._finish_index = index if type(index) is int else 0
+                facts._finish_reason = reason = (
+                    CHAT_FINISH.get(reason, _OTHER) if type(reason) is str else _OTHER
+                )
+                return ONE_FINISH[reason]
     facts_from_data(operation, data, facts)
+    return None

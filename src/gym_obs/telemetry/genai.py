@@ -23,6 +23,7 @@ __all__ = [
     "CHAT_FINISH",
     "MAX_NAME_CHARS",
     "MAX_TOKENS",
+    "ONE_FINISH",
     "ReplyFacts",
     "SseEvents",
     "dialect_for_path",
@@ -75,7 +76,7 @@ _RESPONSES_FINAL_EVENTS: Final = frozenset({"response.completed", "response.inco
 _RESPONSES_START_EVENTS: Final = frozenset({"response.created", "response.in_progress"})
 
 #: The finish reasons of a single choice, one shared tuple per normalised reason.
-_ONE_FINISH: Final = {reason: (reason,) for reason in names.GEN_AI_FINISH_REASONS}
+ONE_FINISH: Final = {reason: (reason,) for reason in names.GEN_AI_FINISH_REASONS}
 
 #: The first ``"model"`` key of a request, and its value when that is a plain string (else group 1 is None).
 _MODEL_VALUE: Final = re.compile(rb'"model"(?:\s*:\s*"([^"\\\x00-\x1f]{1,256})")?')
@@ -216,7 +217,7 @@ class ReplyFacts:
         reason = self._finish_reason
         if reason is None:
             return ()
-        return _ONE_FINISH.get(reason) or (reason,)
+        return ONE_FINISH.get(reason) or (reason,)
 
     def add_finish(self, reason: str, index: int = 0) -> None:
         """Record choice ``index``'s finish reason (bounded; the last report for an index wins)."""
