@@ -35,9 +35,9 @@ def read_json_reply(operation: str, body: bytes, facts: ReplyFacts) -> tuple[str
     """Read one JSON reply of ``operation``'s dialect into ``facts``, which are new (nothing read into them
     yet): the same facts as :func:`~gym_obs.telemetry.genai.facts_from_json`. Never raises.
 
-    Returns the reply's finish reasons (``ONE_FINISH``'s tuple) when it was a usual chat reply with a finish
-    reason: then the facts are both counts, that reason, the model and a plain-word id, and nothing else
-    (no other count, no problem); else None."""
+    Returns the reply's finish reasons (``ONE_FINISH``'s tuple) when it was a usual chat reply (one choice
+    with a finish reason): then the facts are both counts, that reason, the model and a plain-word id, and
+    nothing else (no other count, no problem); else None (the general reader read it)."""
     try:
         data = orjson.loads(body)
     except Exception:
@@ -54,14 +54,16 @@ def read_json_reply(operation: str, body: bytes, facts: ReplyFacts) -> tuple[str
             and type(usage) is dict
             and type(model) is str
             and type(reply_id) is str
-            and 0 < len(model) <= MAX_NAME_CHARS
-            and 0 < len(reply_id) <= MAX_NAME_CHARS
+            and model
+            and len(model) <= MAX_NAME_CHARS
+            and len(reply_id) <= MAX_NAME_CHARS  # (not empty: is_plain_word below says so)
         ):
             choice = choices[0]
             prompt = usage.get("prompt_tokens")
             completion = usage.get("completion_tokens")
+            reason = choice.get("finish_reason") if type(choice) is dict else None
             if (
-                type(choice) is dict
+                type(reason) is str
                 and type(prompt) is int
                 and type(completion) is int
                 and 0 <= prompt <= MAX_TOKENS
@@ -77,14 +79,9 @@ def read_json_reply(operation: str, body: bytes, facts: ReplyFacts) -> tuple[str
                 facts.output_tokens = completion
                 facts.response_model = model
                 facts.response_id = facts._plain_id = reply_id
-                reason = choice.get("finish_reason")
-                if reason is None:
-                    return None
-                index = choice.get("index")
+                index = choice.get("index")  # (a dict: reason is a str)
                 facts._finish_index = index if type(index) is int else 0
-                facts._finish_reason = reason = (
-                    CHAT_FINISH.get(reason, _OTHER) if type(reason) is str else _OTHER
-                )
+                facts._finish_reason = reason = CHAT_FINISH.get(reason, _OTHER)
                 return ONE_FINISH[reason]
     facts_from_data(operation, data, facts)
     return None

@@ -39,6 +39,7 @@ from gym_obs.server._model_call_span import ends_with_the_app, server_span
 from gym_obs.telemetry import names
 from gym_obs.telemetry._state import STATE
 from gym_obs.telemetry.genai import (
+    ROUTE_OPERATIONS,
     ReplyFacts,
     SseEvents,
     dialect_for_path,
@@ -137,8 +138,8 @@ class _Call(ReplyFacts):
         "ended",
         "first_token_at",
         "head_bytes",
+        "json_body",
         "json_bytes",
-        "json_parts",
         "layer",
         "mode",
         "operation",
@@ -154,32 +155,35 @@ class _Call(ReplyFacts):
 
     # set in _start for the reply's kind only (a call pays for its own kind); ended in _final (read only then)
     ended: float
-    json_parts: list[bytes]
+    json_body: bytes | list[bytes] | None  # a JSON reply's body: its one part (the usual), or its parts
     json_bytes: int
     head_bytes: int
     tail: deque[bytes] | None
 
-    def __init__(
+    def begin(
         self,
         operation: str,
         receive: Receive,
         send: Send,
         span: Span | None,
         layer: ModelCallMiddleware,
-    ) -> None:
+    ) -> _Call:
+        """Set up a call made by ``object.__new__`` (``_Call(...)`` with an ``__init__`` costs a class call
+        and a C-level frame more per request); returns it."""
         self.operation = operation
         self.layer = layer  # told when the reply is out, under a span that ends with it (see _split)
         self._receive = receive
         self._send = send
         self.span = span
-        self.started = time.perf_counter()  # (ended: set when the final body message is handed on)
+        self.started = _perf_counter()  # (ended: set when the final body message is handed on)
         self.mode = _WAITING
         self.status = self.scanned = 0
         self.complete = self.disconnected = self.recorded = False
-        ReplyFacts.__init__(self)
+        _facts_init(self)  # (a module constant: an attribute read off a class is not specialised)
         self.first_token_at: float | None = None
         self.request_model: str | None = None
         self.sse: SseEvents | None = None  # a streamed reply's reader
+        return self
 
     async def receive(self) -> Message:
         message = await self._receive()
@@ -211,7 +215,13 @@ class _Call(ReplyFacts):
             if body:
                 self.json_bytes += len(body)
                 if self.json_bytes <= MAX_JSON_BYTES:
-                    self.json_parts.append(body)
+                    kept = self.json_body
+                    if kept is None:  # the usual reply: one part, kept as it is (no list, no join)
+                        self.json_body = body
+                    elif isinstance(kept, list):
+                        kept.append(body)
+                    else:
+                        self.json_body = [kept, body]
                 else:
                     self._too_large()
             if message.get("more_body", False):
@@ -237,7 +247,7 @@ class _Call(ReplyFacts):
         Under gym's SERVER span (it ends when the app returns) or none, the reply is read and recorded after
         the app returns; under another (contrib's ends with the last body message), see :meth:`_split`."""
         self.complete = True
-        self.ended = time.perf_counter()
+        self.ended = _perf_counter()
         span = self.span
         if span is None or ends_with_the_app(span):
             return self._send(message)
@@ -259,7 +269,7 @@ class _Call(ReplyFacts):
 
     def _too_large(self) -> None:
         self.flag(names.GEN_AI_UNPARSABLE_TOO_LARGE)
-        self.json_parts = []
+        self.json_body = None
         self.mode = _PASS
 
     def _start(self, message: Message) -> None:
@@ -280,7 +290,7 @@ class _Call(ReplyFacts):
         if kind == _HEAD:
             self.sse, self.head_bytes, self.tail = SseEvents(), 0, None
         elif kind == _JSON:
-            self.json_parts, self.json_bytes = [], 0
+            self.json_body, self.json_bytes = None, 0
         else:
             self.flag(names.GEN_AI_UNPARSABLE_CONTENT_TYPE)
         self.mode = kind
@@ -387,6 +397,10 @@ class _Call(ReplyFacts):
         return names.GEN_AI_OUTCOME_OK
 
 
+_facts_init: Final = ReplyFacts.__init__
+_new: Final = object.__new__
+_perf_counter: Final = time.perf_counter
+
 #: A reply's content type -> how it is read (_HEAD: a stream, _JSON, _PASS: not); the app's own values.
 _REPLY_KINDS: dict[bytes, int] = {}
 
@@ -468,12 +482,15 @@ class ModelCallMiddleware:
         self._shapes = CallShapes(provider, model_allow_list)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        operation = dialect_for_path(scope["path"]) if scope["type"] == "http" else None
+        operation = None
+        if scope["type"] == "http":  # a dialect route as it is, else dialect_for_path's other forms
+            path = scope["path"]
+            operation = ROUTE_OPERATIONS.get(path) or dialect_for_path(path)
         instruments = STATE.instruments
         if operation is None or instruments is None or not STATE.enabled:
             await self.app(scope, receive, send)
             return
-        call = _Call(operation, receive, send, server_span(), self)
+        call = _new(_Call).begin(operation, receive, send, server_span(), self)
         error: BaseException | None = None
         try:
             await self.app(scope, call.receive, call.send)
@@ -503,8 +520,11 @@ class ModelCallMiddleware:
             ended = time.perf_counter()
             outcome = call.outcome(error)
         usual = None
-        if call.mode == _JSON:  # (a one-part body is not copied by join)
-            usual = read_json_reply(call.operation, b"".join(call.json_parts), call)
+        if call.mode == _JSON:
+            body = call.json_body
+            if type(body) is not bytes:  # several parts, none, or another bytes-like part
+                body = b"".join(body) if isinstance(body, list) else bytes(body or b"")
+            usual = read_json_reply(call.operation, body, call)
         else:
             call.read_stream()
         asked, answered = call.request_model, call.response_model

@@ -24,6 +24,7 @@ __all__ = [
     "MAX_NAME_CHARS",
     "MAX_TOKENS",
     "ONE_FINISH",
+    "ROUTE_OPERATIONS",
     "ReplyFacts",
     "SseEvents",
     "dialect_for_path",
@@ -41,7 +42,8 @@ MAX_NAME_CHARS: Final = 256
 #: A line longer than this (one SSE ``data:`` line) is not parsed: its event is skipped as too large.
 MAX_LINE_BYTES: Final = 4 * 1024 * 1024
 
-_ROUTES: Final = {
+#: The three dialect routes -> their operation (what :func:`dialect_for_path` finds first).
+ROUTE_OPERATIONS: Final = {
     names.GEN_AI_ROUTE_CHAT: names.GEN_AI_OPERATION_CHAT,
     names.GEN_AI_ROUTE_RESPONSES: names.GEN_AI_OPERATION_RESPONSES,
     names.GEN_AI_ROUTE_MESSAGES: names.GEN_AI_OPERATION_MESSAGES,
@@ -84,13 +86,13 @@ _MODEL_VALUE: Final = re.compile(rb'"model"(?:\s*:\s*"([^"\\\x00-\x1f]{1,256})")
 
 def dialect_for_path(path: str) -> str | None:
     """The operation (``chat`` | ``responses`` | ``messages``) a request path speaks, else None."""
-    operation = _ROUTES.get(path)
+    operation = ROUTE_OPERATIONS.get(path)
     if operation is not None:
         return operation
     if path.endswith("/") and len(path) > 1:
         return dialect_for_path(path.rstrip("/"))
     if path.startswith("/" + names.ROLLOUT_PATH_SEGMENT + "/"):
-        return _ROUTES.get(_ROLLOUT_PREFIX.sub("", path, count=1).rstrip("/") or "/")
+        return ROUTE_OPERATIONS.get(_ROLLOUT_PREFIX.sub("", path, count=1).rstrip("/") or "/")
     return None
 
 
