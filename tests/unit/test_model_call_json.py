@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from opentelemetry import trace
 
-from gym_obs.server._model_call_json import read_json_reply
+from gym_obs.server._model_call_read import read_json_reply
 from gym_obs.server.model_calls import ModelCallMiddleware
 from gym_obs.telemetry import names
 from gym_obs.telemetry.genai import MAX_TOKENS, ReplyFacts, facts_from_json

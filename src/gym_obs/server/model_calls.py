@@ -32,8 +32,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gym_obs.config import MODEL_CALLS_CONFIG_KEY, ConfigError, model_calls_enabled
-from gym_obs.server._model_call_json import read_json_reply
 from gym_obs.server._model_call_points import TOKEN_SPAN_KEYS
+from gym_obs.server._model_call_read import event_data, late_event, read_json_reply
 from gym_obs.server._model_call_shape import CallShapes
 from gym_obs.server._model_call_span import ends_with_the_app, server_span
 from gym_obs.telemetry import names
@@ -345,7 +345,7 @@ class _Call(ReplyFacts):
             # the head's reader stopped inside an event: its chunks finish it (and any event it runs into)
             while first < len(chunks) and sse.pending:
                 for event in sse.feed(chunks[first]):
-                    if _late_event(operation, event):
+                    if late_event(operation, event):
                         update_from_event(operation, event, self)
                 first += 1
             if sse.pending:
@@ -375,8 +375,8 @@ class _Call(ReplyFacts):
         if trimmed and len(blocks) <= TAIL_EVENTS:
             blocks = blocks[1:]  # the first piece may start mid-event
         for block in blocks[-TAIL_EVENTS:]:
-            if _late_event(operation, block):  # a byte search before any per-line work
-                payload = _event_data(block)
+            if late_event(operation, block):  # a byte search before any per-line work
+                payload = event_data(block)
                 if payload is not None:
                     update_from_event(operation, payload, self)
         return bool(rest.strip())
@@ -416,41 +416,6 @@ def _reply_kind(content_type: bytes) -> int:
             _REPLY_KINDS.clear()
         _REPLY_KINDS[content_type] = kind
     return kind
-
-
-def _event_data(block: bytes) -> bytes | None:
-    """The ``data`` of one complete SSE event block (its lines joined with newlines), or None."""
-    lines = [
-        line[6:] if line.startswith(b"data: ") else line[5:]
-        for line in block.split(b"\n")
-        if line.startswith(b"data:")
-    ]
-    if not lines:
-        return None
-    return lines[0] if len(lines) == 1 else b"\n".join(lines)
-
-
-def _non_null_after(data: bytes, key: bytes) -> bool:
-    """Whether ``key`` appears with a value other than ``null`` (no JSON parse)."""
-    at = data.find(key)
-    while at >= 0:
-        rest = data[at + len(key) : at + len(key) + 16].lstrip()
-        if rest.startswith(b":") and not rest[1:].lstrip().startswith(b"null"):
-            return True
-        at = data.find(key, at + len(key))
-    return False
-
-
-def _late_event(operation: str, data: bytes) -> bool:
-    """Whether an event after the first content may carry usage or a finish reason (parse only those)."""
-    if operation == names.GEN_AI_OPERATION_CHAT:
-        return _non_null_after(data, b'"usage"') or _non_null_after(data, b'"finish_reason"')
-    find = data.find  # not ``in``: on bytes it first tries its operand as an int (an exception each time)
-    if operation == names.GEN_AI_OPERATION_RESPONSES:
-        return find(b'"response.completed"') >= 0 or find(b'"response.incomplete"') >= 0 or (
-            find(b'"response.failed"') >= 0 or find(b'"error"') >= 0
-        )
-    return find(b"message_delta") >= 0 or find(b'"error"') >= 0
 
 
 def _is_disconnect(error: BaseException) -> bool:
@@ -521,10 +486,7 @@ class ModelCallMiddleware:
             outcome = call.outcome(error)
         usual = None
         if call.mode == _JSON:
-            body = call.json_body
-            if type(body) is not bytes:  # several parts, none, or another bytes-like part
-                body = b"".join(body) if isinstance(body, list) else bytes(body or b"")
-            usual = read_json_reply(call.operation, body, call)
+            usual = read_json_reply(call.operation, call.json_body, call)
         else:
             call.read_stream()
         asked, answered = call.request_model, call.response_model
