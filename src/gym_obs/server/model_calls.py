@@ -274,7 +274,9 @@ class _Call(ReplyFacts):
 
     def _start(self, message: Message) -> None:
         status = message.get("status", 200)
-        self.status = status = status if type(status) is int else int(status)
+        if type(status) is not int:
+            status = int(status)
+        self.status = status
         if status >= 400:
             self.mode = _PASS
             return
@@ -284,7 +286,7 @@ class _Call(ReplyFacts):
             if key == _CONTENT_TYPE or (len(key) == 12 and key.lower() == _CONTENT_TYPE):
                 content_type = value
                 break
-        kind = _REPLY_KINDS.get(content_type) if type(content_type) is bytes else None
+        kind = _REPLY_KINDS.get(content_type)  # (an odd value misses, or fails as _reply_kind would)
         if kind is None:
             kind = _reply_kind(content_type)
         if kind == _HEAD:
@@ -397,6 +399,7 @@ class _Call(ReplyFacts):
         return names.GEN_AI_OUTCOME_OK
 
 
+_OK: Final = names.GEN_AI_OUTCOME_OK
 _facts_init: Final = ReplyFacts.__init__
 _new: Final = object.__new__
 _perf_counter: Final = time.perf_counter
@@ -480,7 +483,7 @@ class ModelCallMiddleware:
         call.recorded = True
         if call.complete:  # the usual call: its whole reply went out
             ended = call.ended
-            outcome = names.GEN_AI_OUTCOME_OK if 0 < call.status < 400 else call.outcome(error)
+            outcome = _OK if 0 < call.status < 400 else call.outcome(error)
         else:
             ended = time.perf_counter()
             outcome = call.outcome(error)
@@ -499,7 +502,7 @@ class ModelCallMiddleware:
         pre = instruments.pre
         span = call.span
         exemplar = pre.exemplar_for(span) if pre is not None else None
-        if usual is not None and outcome == names.GEN_AI_OUTCOME_OK:
+        if usual is not None and outcome == _OK:
             # the usual chat reply (read_json_reply's: both counts, one finish reason, a plain-word id, no
             # problem): what the general steps below record for it, in one go
             given: Any = call.input_tokens  # ints here (Any: the facts' fields are typed for any reply)
