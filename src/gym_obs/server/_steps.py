@@ -29,6 +29,8 @@ __all__ = ["DisconnectStep", "FailureStep", "RequestSteps", "SessionStep"]
 
 
 class _Session(Protocol):
+    ends: bool
+
     def end(self) -> None: ...
 
 
@@ -42,6 +44,10 @@ class SessionStep(Protocol):
     async def open_reading_body(
         self, scope: Scope, receive: Receive, exchange: Exchange | None = None
     ) -> tuple[_Session, Receive]: ...
+
+    def enter(self, session: Any, /) -> Token[Any]: ...
+
+    def leave(self, token: Token[Any], /) -> None: ...
 
 
 class FailureStep(Protocol):
@@ -62,6 +68,11 @@ class FailureStep(Protocol):
 
 
 class _Polled(Protocol):
+    #: the polled requests by exchange (the frame removes its own when the request ends)
+    polled: dict[Exchange, Any]
+    #: the polled requests' tasks cancelled for a disconnect (``leave`` when not empty)
+    cancelled: set[Any]
+
     def absorbs(self, scope: Scope) -> bool: ...
 
     def leave(self) -> None: ...
@@ -108,13 +119,18 @@ class RequestSteps:
         session: _Session | None = None
         sessions = self.sessions
         if sessions is not None and scope["path"] not in sessions.excluded_paths:
+            outer_session = exchange.session  # (a session step nested in another: restored at the end)
             session = sessions.open(scope, exchange)
             if session is None:
                 session, receive = await sessions.open_reading_body(scope, receive, exchange)
-        log_token: Token[Any] | None = None
+        token: Token[Any] | None = None
         if failures is not None:
             exchange.report_hook = failures.report_hook  # the exchange adds the report header
-            log_token = failures.enter(exchange)  # it holds the log, made on the first record
+            # One context variable for the request: the exchange holds its failure log (made on the first
+            # record) and its session.
+            token = failures.enter(exchange)
+        elif session is not None:
+            token = sessions.enter(session)  # type: ignore[union-attr]
         try:
             disconnect = self.disconnect
             if disconnect is None:
@@ -130,17 +146,24 @@ class RequestSteps:
                         if not sweeper.absorbs(scope):
                             raise
                     finally:
-                        sweeper.leave()
+                        sweeper.polled.pop(exchange, None)
+                        if sweeper.cancelled:  # (empty, hence false, but after a disconnect)
+                            sweeper.leave()
         except Exception as error:
             if failures is None or not failures.settles(error, exchange):
                 raise
             if not exchange.caller_gone:
                 await failures.reply(error, exchange, send)
         finally:
-            if log_token is not None:
-                failures.leave(log_token)  # type: ignore[union-attr]
+            if token is not None:
+                if failures is not None:
+                    failures.leave(token)
+                else:
+                    sessions.leave(token)  # type: ignore[union-attr]
             if session is not None:
-                session.end()
+                exchange.session = outer_session  # (the session refers to the exchange: no cycle)
+                if session.ends:
+                    session.end()
 
     async def _not_http(self, scope: Scope, receive: Receive, send: Send) -> None:
         """A websocket has a session (no failure log, no disconnect watch); lifespan passes through."""
@@ -151,7 +174,10 @@ class RequestSteps:
         session = sessions.open(scope)
         if session is None:
             session, receive = await sessions.open_reading_body(scope, receive)
+        token = sessions.enter(session)
         try:
             await self.app(scope, receive, send)
         finally:
-            session.end()
+            sessions.leave(token)
+            if session.ends:
+                session.end()
