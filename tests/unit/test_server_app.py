@@ -404,7 +404,7 @@ def _layer_names(app: Any) -> list[str]:
     (the steps of the gym layers' one frame listed after it, in the order they run)."""
     found: list[str] = []
     while not isinstance(app, FastAPI):
-        control = getattr(app, "control", None)
+        control = getattr(getattr(app, "context", None), "control", None)
         if control is not None:  # the control routes, answered first in the context layer's frame
             found.append(type(control).__name__)
         found.append(type(app).__name__)
@@ -413,8 +413,13 @@ def _layer_names(app: Any) -> list[str]:
     for middleware in app.user_middleware:  # type: ignore[attr-defined]
         found.append(middleware.cls.__name__)
         if middleware.cls.__name__ == "RequestSteps":
-            steps = (middleware.kwargs.get(name) for name in ("sessions", "failures", "disconnect"))
-            found.extend(f"- {type(step).__name__}" for step in steps if step is not None)
+            kinds = ("context", "sessions", "failures", "disconnect")
+            for step in (middleware.kwargs.get(kind) for kind in kinds):
+                control = getattr(step, "control", None)
+                if control is not None:  # answered first in the frame, as in the context layer's
+                    found.append(f"- {type(control).__name__}")
+                if step is not None:
+                    found.append(f"- {type(step).__name__}")
     return found
 
 
@@ -440,10 +445,10 @@ def test_servers_without_sessions_or_disconnect_cancellation_leave_those_layers_
         disconnect_watch_delay_s = None
 
     assert _layer_names(Stateless("demo", _config()).build_app()) == [
-        "InflightRoute",
-        "PathContextMiddleware",
         "FastAPI",
-        "RequestSteps",
+        "RequestSteps",  # telemetry off: the context layer is the frame's first step (no span between)
+        "- InflightRoute",
+        "- PathContext",
         "- FailureReplies",
     ]
 
