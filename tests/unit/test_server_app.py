@@ -27,8 +27,9 @@ from gym_obs.failures import (
     encode_failure_report,
     failure_report_for,
     observe_failure,
+    request_failure_log,
 )
-from gym_obs.server import SimpleServer
+from gym_obs.server import SimpleServer, current_session_id
 from gym_obs.server.base_server import import_server_class, load_server
 from gym_obs.server.uvicorn import ServerStartupError
 from gym_obs.telemetry import names
@@ -550,3 +551,40 @@ async def test_a_failure_observed_first_in_a_spawned_task_or_a_thread_is_reporte
             assert [record["failure_reason"] for record in report.events.values()] == [reason]
         quiet = await http.get("/none")
     assert quiet.status_code == 200 and names.FAILURE_REPORT_HEADER not in quiet.headers
+
+
+class _SessionUnderLocalLog(DemoServer):
+    def setup_webserver(self) -> FastAPI:
+        app = super().setup_webserver()
+
+        @app.get("/session-under-local-log")
+        async def session_under_local_log(request: Request) -> dict[str, Any]:
+            # The request's session and failure log share one context variable: a log made current inside
+            # the handler keeps the request's session current.
+            with request_failure_log():
+                inner = current_session_id()
+            return {"inner": inner, "session": request.session["session_id"], "after": current_session_id()}
+
+        return app
+
+
+async def _session_under_local_log() -> None:
+    app = _SessionUnderLocalLog("demo", _config()).build_app()
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+        first = await http.get("/session-under-local-log")
+        token = first.headers[names.SESSION_HEADER]
+        again = await http.get("/session-under-local-log", headers={names.SESSION_HEADER: token})
+    issued = first.json()
+    assert issued["inner"] and issued["inner"] == issued["session"] == issued["after"]
+    assert again.json() == issued  # the token names the same session on the next request
+    assert names.SESSION_HEADER not in again.headers  # (nothing new to hand back)
+
+
+async def test_a_local_failure_log_keeps_the_request_session_current_with_telemetry_off() -> None:
+    await _session_under_local_log()
+
+
+async def test_a_local_failure_log_keeps_the_request_session_current_with_telemetry_on(
+    telemetry: Capture,
+) -> None:
+    await _session_under_local_log()

@@ -7,8 +7,9 @@ every layer wrapping ``send`` to find out, the first layer that needs it binds t
 (:meth:`Exchange.bind`); the others register hooks on the ``http.response.start`` message. Hooks run
 innermost layer first, as if each layer had wrapped ``send`` itself.
 
-The outermost gym layer (``_context``) creates the exchange and binds ``send``, so the layers inside get
-the shared wrapper and only look the exchange up. Cost per request: one small object and one ``send``
+The outermost gym layer (``_context``, or, with telemetry off, the gym layers' one frame starting with the
+context step: ``_steps``) creates the exchange and binds ``send``, so the layers inside get the shared
+wrapper and only look the exchange up. Cost per request: one small object and one ``send``
 wrapper for all the layers together. The wrapper is a plain function returning the wrapped ``send``'s
 awaitable, not a coroutine of its own: every message of every request passes it.
 

@@ -6,7 +6,11 @@ Each concern keeps its own module and its own step object (``sessions.SessionLay
 ``await``) per layer: the layers passed every request through whether or not it needed them, and those
 frames were a large share of what the gym layers cost with telemetry off. Nesting is kept by the
 ``try`` blocks of this frame, in the layers' order: the session is current around everything, the failure
-log around the handler and the failure reply, the disconnect watch around the handler alone. No step wraps
+log around the handler and the failure reply, the disconnect watch around the handler alone. With the
+failure step, one context variable makes both the session and the failure log current (the exchange
+holds them); a session step without it sets the sessions' own variable. With telemetry off the context
+layer (``_context.PathContext``) is the first step (nothing sits between them): path segments, rollout
+context and the exchange are then made in this frame too. No step wraps
 ``receive`` or ``send`` unless the request needs it (a JSON-named session replays the body it read; a
 server other than uvicorn gets the disconnect watcher's ``receive``); ``send`` is the request's one
 :class:`~gym_obs.server._exchange.Exchange` wrapper.
