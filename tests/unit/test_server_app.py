@@ -27,8 +27,9 @@ from gym_obs.failures import (
     encode_failure_report,
     failure_report_for,
     observe_failure,
+    request_failure_log,
 )
-from gym_obs.server import SimpleServer
+from gym_obs.server import SimpleServer, current_session_id
 from gym_obs.server.base_server import import_server_class, load_server
 from gym_obs.server.uvicorn import ServerStartupError
 from gym_obs.telemetry import names
@@ -404,7 +405,7 @@ def _layer_names(app: Any) -> list[str]:
     (the steps of the gym layers' one frame listed after it, in the order they run)."""
     found: list[str] = []
     while not isinstance(app, FastAPI):
-        control = getattr(app, "control", None)
+        control = getattr(getattr(app, "context", None), "control", None)
         if control is not None:  # the control routes, answered first in the context layer's frame
             found.append(type(control).__name__)
         found.append(type(app).__name__)
@@ -413,8 +414,13 @@ def _layer_names(app: Any) -> list[str]:
     for middleware in app.user_middleware:  # type: ignore[attr-defined]
         found.append(middleware.cls.__name__)
         if middleware.cls.__name__ == "RequestSteps":
-            steps = (middleware.kwargs.get(name) for name in ("sessions", "failures", "disconnect"))
-            found.extend(f"- {type(step).__name__}" for step in steps if step is not None)
+            kinds = ("context", "sessions", "failures", "disconnect")
+            for step in (middleware.kwargs.get(kind) for kind in kinds):
+                control = getattr(step, "control", None)
+                if control is not None:  # answered first in the frame, as in the context layer's
+                    found.append(f"- {type(control).__name__}")
+                if step is not None:
+                    found.append(f"- {type(step).__name__}")
     return found
 
 
@@ -440,10 +446,10 @@ def test_servers_without_sessions_or_disconnect_cancellation_leave_those_layers_
         disconnect_watch_delay_s = None
 
     assert _layer_names(Stateless("demo", _config()).build_app()) == [
-        "InflightRoute",
-        "PathContextMiddleware",
         "FastAPI",
-        "RequestSteps",
+        "RequestSteps",  # telemetry off: the context layer is the frame's first step (no span between)
+        "- InflightRoute",
+        "- PathContext",
         "- FailureReplies",
     ]
 
@@ -545,3 +551,40 @@ async def test_a_failure_observed_first_in_a_spawned_task_or_a_thread_is_reporte
             assert [record["failure_reason"] for record in report.events.values()] == [reason]
         quiet = await http.get("/none")
     assert quiet.status_code == 200 and names.FAILURE_REPORT_HEADER not in quiet.headers
+
+
+class _SessionUnderLocalLog(DemoServer):
+    def setup_webserver(self) -> FastAPI:
+        app = super().setup_webserver()
+
+        @app.get("/session-under-local-log")
+        async def session_under_local_log(request: Request) -> dict[str, Any]:
+            # The request's session and failure log share one context variable: a log made current inside
+            # the handler keeps the request's session current.
+            with request_failure_log():
+                inner = current_session_id()
+            return {"inner": inner, "session": request.session["session_id"], "after": current_session_id()}
+
+        return app
+
+
+async def _session_under_local_log() -> None:
+    app = _SessionUnderLocalLog("demo", _config()).build_app()
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+        first = await http.get("/session-under-local-log")
+        token = first.headers[names.SESSION_HEADER]
+        again = await http.get("/session-under-local-log", headers={names.SESSION_HEADER: token})
+    issued = first.json()
+    assert issued["inner"] and issued["inner"] == issued["session"] == issued["after"]
+    assert again.json() == issued  # the token names the same session on the next request
+    assert names.SESSION_HEADER not in again.headers  # (nothing new to hand back)
+
+
+async def test_a_local_failure_log_keeps_the_request_session_current_with_telemetry_off() -> None:
+    await _session_under_local_log()
+
+
+async def test_a_local_failure_log_keeps_the_request_session_current_with_telemetry_on(
+    telemetry: Capture,
+) -> None:
+    await _session_under_local_log()

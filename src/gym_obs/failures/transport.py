@@ -42,6 +42,7 @@ __all__ = [
     "FailureLogHolder",
     "RequestFailureLog",
     "current_failure_log",
+    "current_log_holder",
     "decode_failure_report",
     "encode_failure_report",
     "enter_failure_log",
@@ -63,9 +64,14 @@ _warned_invalid = False
 
 
 class FailureLogHolder(Protocol):
-    """Where one request keeps its failure log: ``None`` until a failure is recorded."""
+    """Where one request keeps its failure log: ``None`` until a failure is recorded.
+
+    A server's holder (its request's exchange) also carries the request's ``session`` (opaque here), so one
+    context variable makes both current; a holder without one has ``session`` ``None``.
+    """
 
     failure_log: RequestFailureLog | None
+    session: object
 
 
 _CURRENT_LOG: ContextVar[FailureLogHolder | None] = ContextVar("gym_obs_failure_log", default=None)
@@ -186,10 +192,13 @@ class request_failure_log:  # lower case: used like the function it replaced
     which makes the log only when a failure is recorded.
     """
 
-    __slots__ = ("_token", "failure_log")
+    __slots__ = ("_token", "failure_log", "session")
 
     def __init__(self) -> None:
         self.failure_log: RequestFailureLog | None = RequestFailureLog()
+        outer = _CURRENT_LOG.get()
+        #: the session of the request this log is made in (it stays current inside: see the holder)
+        self.session: object = outer.session if outer is not None else None
 
     def __enter__(self) -> RequestFailureLog:
         self._token = _CURRENT_LOG.set(self)
@@ -207,6 +216,10 @@ enter_failure_log: Final[Callable[[FailureLogHolder | None], Token[FailureLogHol
     _CURRENT_LOG.set
 )
 leave_failure_log: Final[Callable[[Token[FailureLogHolder | None]], None]] = _CURRENT_LOG.reset
+
+
+#: ``current_log_holder()``: the current request's failure-log holder (with its ``session``), or ``None``
+current_log_holder: Final[Callable[[], FailureLogHolder | None]] = _CURRENT_LOG.get
 
 
 def current_failure_log() -> RequestFailureLog | None:

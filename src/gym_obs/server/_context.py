@@ -25,7 +25,7 @@ from gym_obs.telemetry import inflight, names
 from gym_obs.telemetry._state import STATE
 from gym_obs.telemetry.propagation import ROLLOUT_ID, parse_path_segments
 
-__all__ = ["PathContextMiddleware"]
+__all__ = ["PathContext", "PathContextMiddleware"]
 
 _SEGMENT_MARK: Final = "/ng-"
 _TRACEPARENT: Final = names.TRACEPARENT_HEADER.encode("latin-1")
@@ -42,14 +42,10 @@ def _header_rollout_id(value: bytes) -> str | None:
     return None
 
 
-class PathContextMiddleware:
-    """Strip ``/ng-trace/<traceparent>`` and ``/ng-rollout/<id>``; join the trace; set the rollout context.
-
-    A real ``traceparent`` header wins over the segment (a malformed one does not: the segment replaces it);
-    the segment is stripped even when traces are off.
-    The rollout id comes from the path prefix, else from the ``X-NG-Rollout-Id`` header. Also marks the
-    request as excluded from FastAPI's built-in telemetry (see ``_native_telemetry``) and gives it the
-    exchange the layers inside share.
+class PathContext:
+    """What the context layer does to a request, shared by its two forms: :class:`PathContextMiddleware`
+    (a frame of its own, outside the SERVER span) and a step of the gym layers' one frame (``_steps``),
+    which ``SimpleServer`` uses when no layer sits between the two (telemetry off).
 
     ``hide_query``: with telemetry on, hide the query string (and a secret-looking User-Agent) from the
     SERVER-span instrumentation inside; only for stacks where ``FailureReplyMiddleware`` runs inside the
@@ -60,6 +56,47 @@ class PathContextMiddleware:
     frame less per request), the same as wrapping this layer in it.
     """
 
+    __slots__ = ("control", "control_paths", "hide_query")
+
+    def __init__(
+        self, *, hide_query: bool = False, control: ASGIApp | None = None, control_paths: Iterable[str] = ()
+    ) -> None:
+        self.hide_query = hide_query
+        self.control = control
+        self.control_paths = frozenset(control_paths) if control is not None else frozenset()
+
+    def open(self, scope: Scope, exchange: Exchange) -> str | None:
+        """Mark the request as excluded from FastAPI's built-in telemetry, strip the path segments, index
+        the headers on ``exchange`` (for the layers inside); the request's rollout id, if it has one."""
+        scope[NATIVE_TELEMETRY_SCOPE_KEY] = None
+        rollout_id: str | None = None
+        if _SEGMENT_MARK in scope["path"]:
+            rollout_id = PathContextMiddleware._strip(scope)
+        if self.hide_query and STATE.enabled:
+            hide_from_instrumentation(scope)
+        # The headers by name, built once (in C) for this layer and the ones inside (the sessions step).
+        headers = scope["headers"]
+        by_name = exchange.headers_by_name = dict(headers)
+        if rollout_id is None and _ROLLOUT_HEADER in by_name:  # (of several, the first one counts)
+            rollout_id = _header_rollout_id(next(v for k, v in headers if k == _ROLLOUT_HEADER))
+        return rollout_id
+
+    def around(self, app: ASGIApp) -> PathContextMiddleware:
+        """This context as a frame of its own around ``app``."""
+        return PathContextMiddleware(app, context=self)
+
+
+class PathContextMiddleware:
+    """Strip ``/ng-trace/<traceparent>`` and ``/ng-rollout/<id>``; join the trace; set the rollout context.
+
+    A real ``traceparent`` header wins over the segment (a malformed one does not: the segment replaces it);
+    the segment is stripped even when traces are off.
+    The rollout id comes from the path prefix, else from the ``X-NG-Rollout-Id`` header. Also marks the
+    request as excluded from FastAPI's built-in telemetry (see ``_native_telemetry``) and gives it the
+    exchange the layers inside share. ``hide_query``, ``control``, ``control_paths``: see
+    :class:`PathContext` (or pass one as ``context``).
+    """
+
     def __init__(
         self,
         app: ASGIApp,
@@ -67,37 +104,28 @@ class PathContextMiddleware:
         hide_query: bool = False,
         control: ASGIApp | None = None,
         control_paths: Iterable[str] = (),
+        context: PathContext | None = None,
     ) -> None:
         self.app = app
-        self.hide_query = hide_query
-        self.control = control
-        self.control_paths = frozenset(control_paths) if control is not None else frozenset()
+        if context is None:
+            context = PathContext(hide_query=hide_query, control=control, control_paths=control_paths)
+        self.context = context
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind != "http" and kind != "websocket":
             await self.app(scope, receive, send)
             return
-        if kind == "http" and scope["path"] in self.control_paths and self.control is not None:
-            await self.control(scope, receive, send)
+        context = self.context
+        if kind == "http" and scope["path"] in context.control_paths and context.control is not None:
+            await context.control(scope, receive, send)
             return
-        scope[NATIVE_TELEMETRY_SCOPE_KEY] = None
         exchange = scope[EXCHANGE_SCOPE_KEY] = Exchange()
         send = exchange.bind(send)  # the one send wrapper of the layers inside
-        rollout_id: str | None = None
-        if _SEGMENT_MARK in scope["path"]:
-            rollout_id = self._strip(scope)
-        if self.hide_query and STATE.enabled:
-            hide_from_instrumentation(scope)
-        # The headers by name, built once (in C) for this layer and the ones inside (the sessions step).
-        headers = scope["headers"]
-        by_name = exchange.headers_by_name = dict(headers)
+        rollout_id = context.open(scope, exchange)
         if rollout_id is None:
-            if _ROLLOUT_HEADER in by_name:  # (of several such headers, the first one counts)
-                rollout_id = _header_rollout_id(next(v for k, v in headers if k == _ROLLOUT_HEADER))
-            if rollout_id is None:
-                await self.app(scope, receive, send)
-                return
+            await self.app(scope, receive, send)
+            return
         # Every hop of a rollout carries its id: the context variable directly, not a generator-based
         # context manager (``propagation.rollout_context``), which costs several times more per request.
         token = ROLLOUT_ID.set(rollout_id)

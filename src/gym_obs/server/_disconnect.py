@@ -154,8 +154,9 @@ class _Sweeper:
         self.thread = _thread_id()
         self.interval = interval
         self.running: set[_Watch] = set()
-        #: uvicorn requests: task -> (its request cycle, its exchange)
-        self.polled: dict[asyncio.Task[Any], tuple[Any, Exchange | None]] = {}
+        #: uvicorn requests: exchange -> (its request cycle, its task); keyed by the exchange, which the
+        #: request's frame holds, so the request leaves with a ``pop`` and no task look-up
+        self.polled: dict[Exchange, tuple[Any, asyncio.Task[Any]]] = {}
         #: polled tasks this layer cancelled for a disconnect (the layer absorbs their CancelledError)
         self.cancelled: set[asyncio.Task[Any]] = set()
         self.task: asyncio.Task[None] | None = None
@@ -168,11 +169,10 @@ class _Sweeper:
         try:
             while self.running or self.polled:
                 await asyncio.sleep(self.interval)
-                for task, (cycle, exchange) in tuple(self.polled.items()):
+                for exchange, (cycle, task) in tuple(self.polled.items()):
                     if cycle.disconnected and not cycle.response_started and task not in self.cancelled:
                         self.cancelled.add(task)
-                        if exchange is not None:
-                            exchange.caller_gone = True
+                        exchange.caller_gone = True
                         task.cancel()
                 for watch in tuple(self.running):
                     if not watch.aged:
@@ -189,12 +189,11 @@ class _Sweeper:
         return task is not None and task in self.cancelled and _absorbed(task, self.cancelled, scope)
 
     def leave(self) -> None:
-        """The running polled request is over."""
+        """The running polled request is over and was removed from :attr:`polled` (by the frame, with a
+        ``pop``: a re-entered layer may have removed it already); called only while :attr:`cancelled`
+        is not empty (after a disconnect)."""
         task = _running_task(self.loop)  # (the request's, as in ``absorbs``)
-        if task is None:
-            return
-        self.polled.pop(task, None)  # (pop: a re-entered layer may have removed it already)
-        if self.cancelled and task in self.cancelled:  # (empty, hence false, but on a disconnect)
+        if task is not None and task in self.cancelled:
             self.cancelled.discard(task)
             task.uncancel()  # the handler swallowed our cancellation: undo it
 
@@ -211,8 +210,9 @@ class DisconnectWatch:
 
     def poll(self, receive: Receive, exchange: Exchange) -> _Sweeper | None:
         """Under uvicorn, register the running request with its loop's sweeper and return the sweeper
-        (then its ``absorbs`` and ``leave`` around the app); ``None``: run the app under :meth:`watched`
-        (another server, or no task).
+        (then its ``absorbs`` around the app, and ``polled.pop(exchange)`` and, after a disconnect,
+        ``leave`` when it ends); ``None``: run the app under :meth:`watched` (another server, or no
+        task).
 
         Every request of a server passes here, so it is one call doing only the registration, and it
         does not ask for the running loop (``asyncio.get_running_loop`` makes a ``getpid`` system call
@@ -232,7 +232,7 @@ class DisconnectWatch:
             if task is None:
                 return None
             sweeper = self._sweeper_for(loop)
-        sweeper.polled[task] = (cycle, exchange)
+        sweeper.polled[exchange] = (cycle, task)
         if sweeper.task is None:
             sweeper.start()
         return sweeper

@@ -7,14 +7,16 @@ every layer wrapping ``send`` to find out, the first layer that needs it binds t
 (:meth:`Exchange.bind`); the others register hooks on the ``http.response.start`` message. Hooks run
 innermost layer first, as if each layer had wrapped ``send`` itself.
 
-The outermost gym layer (``_context``) creates the exchange and binds ``send``, so the layers inside get
-the shared wrapper and only look the exchange up. Cost per request: one small object and one ``send``
+The outermost gym layer (``_context``, or, with telemetry off, the gym layers' one frame starting with the
+context step: ``_steps``) creates the exchange and binds ``send``, so the layers inside get the shared
+wrapper and only look the exchange up. Cost per request: one small object and one ``send``
 wrapper for all the layers together. The wrapper is a plain function returning the wrapped ``send``'s
 awaitable, not a coroutine of its own: every message of every request passes it.
 
 The exchange is also the request's failure-log holder (``failures.transport``): the failure layer makes it
 current, and the log is made only when a failure is recorded; the report header is added on the reply
-start only when there is one to report.
+start only when there is one to report. It carries the request's session too, so that one context
+variable (set once per request) makes the session and the failure log current.
 """
 
 from __future__ import annotations
@@ -58,6 +60,10 @@ class Exchange:
     #: the failure layer's start hook adding the report header: run after the other hooks (the
     #: failure layer is the outermost that hooks), and only when there is a log or a final report
     report_hook: StartHook | None = None
+    #: the request's session (the sessions step's ``RequestSession``): the exchange is the request's
+    #: failure-log holder, so the one context variable that holds it makes the session current too
+    #: (``sessions.current_session_id``); cleared when the request ends (the session refers back here)
+    session: Any = None
     #: the request's headers by name (the last value of each), built once (in C) by the context layer
     #: for the layers inside that look a header up; ``None`` when no context layer built it
     headers_by_name: dict[bytes, bytes] | None = None

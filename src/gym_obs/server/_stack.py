@@ -25,7 +25,9 @@ Layers after ``span`` are FastAPI middlewares of the app; ``span`` and the ones 
 middleware stack from outside (contrib's instrumentation does the same from inside FastAPI).
 ``sessions``, ``failure_reply`` and ``disconnect`` (``STEP_LAYERS``) are given as step objects, not
 installers: they run as steps of one frame (``_steps.RequestSteps``), one FastAPI middleware where the
-outermost of them sits, in this same order.
+outermost of them sits, in this same order. ``context`` may be given as a step too (a
+``_context.PathContext``) when no layer sits between it and the app (no ``span``: telemetry off); then
+the one frame starts with it, inside FastAPI's error middleware and before routing.
 """
 
 from __future__ import annotations
@@ -51,8 +53,14 @@ LAYER_ORDER: Final = (
     "model_calls",
 )
 
-#: the layers run as steps of one frame, by the name of their ``RequestSteps`` argument
-STEP_LAYERS: Final = {"sessions": "sessions", "failure_reply": "failures", "disconnect": "disconnect"}
+#: the layers run as steps of one frame, by the name of their ``RequestSteps`` argument (``context``: when
+#: given as a step object, not as an installer)
+STEP_LAYERS: Final = {
+    "context": "context",
+    "sessions": "sessions",
+    "failure_reply": "failures",
+    "disconnect": "disconnect",
+}
 
 Install = Callable[[ASGIApp], ASGIApp]
 """Puts one layer around (or into) the app built so far and returns the result."""
@@ -73,21 +81,26 @@ def fastapi_middleware(middleware: type, **options: Any) -> Install:
 def build_stack(app: FastAPI, layers: Mapping[str, Any]) -> ASGIApp:
     """``app`` with ``layers`` (by name; ``None`` or absent: not in this server) installed in
     :data:`LAYER_ORDER`, innermost first: an :data:`Install` for each layer, a step object for each of
-    :data:`STEP_LAYERS` (they are installed together, as one frame, where the outermost of them sits)."""
+    :data:`STEP_LAYERS` (they are installed together, as one frame, where the outermost of them sits;
+    ``context`` may be either)."""
     unknown = set(layers) - set(LAYER_ORDER)
     if unknown:
         raise ValueError(f"layers not in LAYER_ORDER: {sorted(unknown)}")
-    steps = {STEP_LAYERS[name]: layers[name] for name in STEP_LAYERS if layers.get(name) is not None}
-    outermost_step = next(
-        (name for name in LAYER_ORDER if name in STEP_LAYERS and layers.get(name) is not None), None
-    )
+    given = {name for name in STEP_LAYERS if _is_step(layers.get(name))}
+    steps = {STEP_LAYERS[name]: layers[name] for name in given}
+    outermost_step = next((name for name in LAYER_ORDER if name in given), None)
     built: ASGIApp = app
     for name in reversed(LAYER_ORDER):
         install: Install | None
-        if name in STEP_LAYERS:
+        if name in given:
             install = fastapi_middleware(RequestSteps, **steps) if name == outermost_step else None
         else:
             install = layers.get(name)
         if install is not None:
             built = install(built)
     return built
+
+
+def _is_step(layer: object) -> bool:
+    """A step object (not an installer, which is callable; ``None``: the layer is absent)."""
+    return layer is not None and not callable(layer)

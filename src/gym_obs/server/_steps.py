@@ -6,7 +6,11 @@ Each concern keeps its own module and its own step object (``sessions.SessionLay
 ``await``) per layer: the layers passed every request through whether or not it needed them, and those
 frames were a large share of what the gym layers cost with telemetry off. Nesting is kept by the
 ``try`` blocks of this frame, in the layers' order: the session is current around everything, the failure
-log around the handler and the failure reply, the disconnect watch around the handler alone. No step wraps
+log around the handler and the failure reply, the disconnect watch around the handler alone. With the
+failure step, one context variable makes both the session and the failure log current (the exchange
+holds them); a session step without it sets the sessions' own variable. With telemetry off the context
+layer (``_context.PathContext``) is the first step (nothing sits between them): path segments, rollout
+context and the exchange are then made in this frame too. No step wraps
 ``receive`` or ``send`` unless the request needs it (a JSON-named session replays the body it read; a
 server other than uvicorn gets the disconnect watcher's ``receive``); ``send`` is the request's one
 :class:`~gym_obs.server._exchange.Exchange` wrapper.
@@ -20,8 +24,11 @@ from typing import Any, Protocol
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gym_obs.server._context import PathContext
 from gym_obs.server._exchange import EXCHANGE_SCOPE_KEY, Exchange
 from gym_obs.server._instrumentation import restore_after_instrumentation
+from gym_obs.telemetry import inflight
+from gym_obs.telemetry.propagation import ROLLOUT_ID
 
 __all__ = ["DisconnectStep", "FailureStep", "RequestSteps", "SessionStep"]
 
@@ -29,6 +36,8 @@ __all__ = ["DisconnectStep", "FailureStep", "RequestSteps", "SessionStep"]
 
 
 class _Session(Protocol):
+    ends: bool
+
     def end(self) -> None: ...
 
 
@@ -42,6 +51,10 @@ class SessionStep(Protocol):
     async def open_reading_body(
         self, scope: Scope, receive: Receive, exchange: Exchange | None = None
     ) -> tuple[_Session, Receive]: ...
+
+    def enter(self, session: Any, /) -> Token[Any]: ...
+
+    def leave(self, token: Token[Any], /) -> None: ...
 
 
 class FailureStep(Protocol):
@@ -62,6 +75,11 @@ class FailureStep(Protocol):
 
 
 class _Polled(Protocol):
+    #: the polled requests by exchange (the frame removes its own when the request ends)
+    polled: dict[Exchange, Any]
+    #: the polled requests' tasks cancelled for a disconnect (``leave`` when not empty)
+    cancelled: set[Any]
+
     def absorbs(self, scope: Scope) -> bool: ...
 
     def leave(self) -> None: ...
@@ -78,72 +96,117 @@ class DisconnectStep(Protocol):
 
 
 class RequestSteps:
-    """Pure ASGI: the steps a server has (``None``: not in this server), in one frame per request."""
+    """Pure ASGI: the steps a server has (``None``: not in this server), in one frame per request.
 
-    __slots__ = ("app", "disconnect", "failures", "sessions")
+    ``context`` (``_context.PathContext``): the context layer as the first step, for a stack where nothing
+    sits between it and the app (telemetry off: no SERVER-span layer); it then runs inside FastAPI's
+    error middleware, before routing, as it ran before it. A websocket gets it as a frame of its own.
+    """
+
+    __slots__ = ("_not_http_app", "app", "context", "disconnect", "failures", "sessions")
 
     def __init__(
         self,
         app: ASGIApp,
         *,
+        context: PathContext | None = None,
         sessions: SessionStep | None = None,
         failures: FailureStep | None = None,
         disconnect: DisconnectStep | None = None,
     ) -> None:
         self.app = app
+        self.context = context
         self.sessions = sessions
         self.failures = failures
         self.disconnect = disconnect
+        self._not_http_app: ASGIApp = self._not_http if context is None else context.around(self._not_http)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._not_http_app(scope, receive, send)
+            return
+        context = self.context
+        rollout_id: str | None = None
+        if context is None:
+            exchange: Exchange | None = scope.get(EXCHANGE_SCOPE_KEY)
+            if exchange is None or not exchange.bound:  # (bound by the context layer: the common case)
+                exchange, send = Exchange.join(scope, send)
+        else:
+            if scope["path"] in context.control_paths and context.control is not None:
+                await context.control(scope, receive, send)
+                return
+            exchange = scope[EXCHANGE_SCOPE_KEY] = Exchange()
+            send = exchange.bind(send)  # the one send wrapper of the steps
+            rollout_id = context.open(scope, exchange)
         failures = self.failures
         if failures is not None and failures.restore_query:
             restore_after_instrumentation(scope)  # the query the path middleware hid from the SERVER span
-        if scope["type"] != "http":
-            await self._not_http(scope, receive, send)
-            return
-        exchange: Exchange | None = scope.get(EXCHANGE_SCOPE_KEY)
-        if exchange is None or not exchange.bound:  # (bound by the context layer: the common case)
-            exchange, send = Exchange.join(scope, send)
-        session: _Session | None = None
-        sessions = self.sessions
-        if sessions is not None and scope["path"] not in sessions.excluded_paths:
-            session = sessions.open(scope, exchange)
-            if session is None:
-                session, receive = await sessions.open_reading_body(scope, receive, exchange)
-        log_token: Token[Any] | None = None
-        if failures is not None:
-            exchange.report_hook = failures.report_hook  # the exchange adds the report header
-            log_token = failures.enter(exchange)  # it holds the log, made on the first record
+        rollout: Token[str | None] | None = None
+        if rollout_id is not None:
+            # Every hop of a rollout carries its id (set directly, as ``PathContextMiddleware`` does), and
+            # is in the in-flight table while it runs (agents only).
+            rollout = ROLLOUT_ID.set(rollout_id)
+            tracked = inflight.rollout(rollout_id)
+            tracked.__enter__()
         try:
-            disconnect = self.disconnect
-            if disconnect is None:
-                await self.app(scope, receive, send)
-            else:
-                sweeper = disconnect.poll(receive, exchange)
-                if sweeper is None:  # not uvicorn: a watcher task reads ``receive`` for the app
-                    await disconnect.watched(self.app, scope, receive, send, exchange)
+            session: _Session | None = None
+            sessions = self.sessions
+            if sessions is not None and scope["path"] not in sessions.excluded_paths:
+                outer_session = exchange.session  # (a session step nested in another: restored at the end)
+                session = sessions.open(scope, exchange)
+                if session is None:
+                    session, receive = await sessions.open_reading_body(scope, receive, exchange)
+            token: Token[Any] | None = None
+            if failures is not None:
+                exchange.report_hook = failures.report_hook  # the exchange adds the report header
+                # One context variable for the request: the exchange holds its failure log (made on the first
+                # record) and its session.
+                token = failures.enter(exchange)
+            elif session is not None:
+                token = sessions.enter(session)  # type: ignore[union-attr]
+            try:
+                disconnect = self.disconnect
+                if disconnect is None:
+                    await self.app(scope, receive, send)
                 else:
-                    try:
-                        await self.app(scope, receive, send)
-                    except asyncio.CancelledError:
-                        if not sweeper.absorbs(scope):
-                            raise
-                    finally:
-                        sweeper.leave()
-        except Exception as error:
-            if failures is None or not failures.settles(error, exchange):
-                raise
-            if not exchange.caller_gone:
-                await failures.reply(error, exchange, send)
+                    sweeper = disconnect.poll(receive, exchange)
+                    if sweeper is None:  # not uvicorn: a watcher task reads ``receive`` for the app
+                        await disconnect.watched(self.app, scope, receive, send, exchange)
+                    else:
+                        try:
+                            await self.app(scope, receive, send)
+                        except asyncio.CancelledError:
+                            if not sweeper.absorbs(scope):
+                                raise
+                        finally:
+                            sweeper.polled.pop(exchange, None)
+                            if sweeper.cancelled:  # (empty, hence false, but after a disconnect)
+                                sweeper.leave()
+            except Exception as error:
+                if failures is None or not failures.settles(error, exchange):
+                    raise
+                if not exchange.caller_gone:
+                    await failures.reply(error, exchange, send)
+            finally:
+                if token is not None:
+                    if failures is not None:
+                        failures.leave(token)
+                    else:
+                        sessions.leave(token)  # type: ignore[union-attr]
+                if session is not None:
+                    exchange.session = outer_session  # (the session refers to the exchange: no cycle)
+                    if session.ends:
+                        session.end()
         finally:
-            if log_token is not None:
-                failures.leave(log_token)  # type: ignore[union-attr]
-            if session is not None:
-                session.end()
+            if rollout is not None:
+                tracked.__exit__(None, None, None)
+                ROLLOUT_ID.reset(rollout)
 
     async def _not_http(self, scope: Scope, receive: Receive, send: Send) -> None:
         """A websocket has a session (no failure log, no disconnect watch); lifespan passes through."""
+        failures = self.failures
+        if failures is not None and failures.restore_query:
+            restore_after_instrumentation(scope)
         sessions = self.sessions
         if sessions is None or scope["type"] != "websocket" or scope["path"] in sessions.excluded_paths:
             await self.app(scope, receive, send)
@@ -151,7 +214,10 @@ class RequestSteps:
         session = sessions.open(scope)
         if session is None:
             session, receive = await sessions.open_reading_body(scope, receive)
+        token = sessions.enter(session)
         try:
             await self.app(scope, receive, send)
         finally:
-            session.end()
+            sessions.leave(token)
+            if session.ends:
+                session.end()

@@ -26,7 +26,7 @@ from gym_obs.client.http_client import close_global_aiohttp_client, is_global_ai
 from gym_obs.config import GlobalConfig, ServerInstanceConfig
 from gym_obs.failures.kinds import Boundary
 from gym_obs.server._access_log import install_query_free_access_log
-from gym_obs.server._context import PathContextMiddleware
+from gym_obs.server._context import PathContext
 from gym_obs.server._disconnect import DEFAULT_WATCH_DELAY_S, DisconnectWatch
 from gym_obs.server._failure_reply import FailureReplies, boundary_for_server_type
 from gym_obs.server._instrumentation import HEALTH_ROUTES
@@ -250,20 +250,23 @@ class SimpleServer(BaseServer, abc.ABC):
         # The one SERVER span: gym_obs's native layer, or contrib's (which needs the query hidden from it).
         instrumentation = self._server_instrumentation()
         hide_query = instrumentation == names.SERVER_INSTRUMENTATION_CONTRIB
+        # Telemetry off: no SERVER-span layer, so the context layer runs as the first step of the gym
+        # layers' one frame (one frame per request less), with the control routes answered first in it.
+        context_step = not self.telemetry.enabled
+
+        def context(inner: ASGIApp) -> PathContext:
+            # With nothing between them (no owner routing), the control routes are answered in the
+            # context layer's frame, first, as if outside it.
+            control = self._control_routes(inner) if owner_routing is None else None
+            return PathContext(hide_query=hide_query, control=control, control_paths=InflightRoute.PATHS)
+
         return build_stack(
             app,
             {
-                # With nothing between them (no owner routing), the control routes are answered in the
-                # context layer's frame, first, as if outside it.
                 "control": self._control_routes if owner_routing is not None else None,
                 "owner_routing": owner_routing,
-                "context": lambda inner: PathContextMiddleware(
-                    inner,
-                    hide_query=hide_query,
-                    control=self._control_routes(inner) if owner_routing is None else None,
-                    control_paths=InflightRoute.PATHS,
-                ),
-                "span": lambda inner: add_server_span(inner, instrumentation),
+                "context": context(app) if context_step else lambda inner: context(inner).around(inner),
+                "span": None if context_step else lambda inner: add_server_span(inner, instrumentation),
                 "sessions": sessions,
                 "failure_reply": FailureReplies(boundary=self.failure_boundary, restore_query=hide_query),
                 "disconnect": self._disconnect_step(),

@@ -33,6 +33,7 @@ import structlog
 from opentelemetry import trace
 from starlette.types import ASGIApp, Message, Receive, Scope
 
+from gym_obs.failures.transport import current_log_holder
 from gym_obs.server._exchange import Exchange
 from gym_obs.server._steps import RequestSteps
 from gym_obs.telemetry import names
@@ -263,28 +264,25 @@ class RequestSession(dict[str, str]):
     Issuing lazily keeps sessions free for requests that never use one (health probes, stateless routes):
     no id, no signature, no cookie. ``session[SESSION_ID_KEY]``, ``.get(SESSION_ID_KEY)`` and
     :func:`current_session_id` all issue it.
+
+    Made by :meth:`SessionLayer.open` with no ``__init__`` (made in C on every request) and only its two
+    slots set; the other fields are class-level defaults, stored (in the instance's ``__dict__``) only by
+    a request that names or issues a session, or records a span. Its context (made current while the
+    request runs) is the gym frame's to set: the request's exchange when the failure step runs (one
+    context variable for the session and the failure log), else ``_CURRENT``.
     """
 
-    # The fields every request sets are slots; the others are class-level defaults, stored (in the
-    # instance's ``__dict__``) only by a request that names or issues a session, or records a span.
-    __slots__ = ("__dict__", "_context", "_exchange", "_layer")
+    __slots__ = ("__dict__", "_exchange", "_layer")
 
+    _layer: SessionLayer
+    #: a session issued during the request goes back on this exchange's reply (a start hook)
+    _exchange: Exchange | None
     _span: Any = None
     #: set when issued here: the reply hands it to the caller
     token: str | None = None
     _log_tokens: list[Any] | None = None
-
-    def __init__(self, session_id: str | None, layer: SessionLayer, exchange: Exchange | None = None) -> None:
-        # (dict.__init__ is not called: the mapping starts empty, and this runs on every request)
-        self._layer = layer
-        if STATE.enabled:  # the SERVER span the request's session id goes on
-            self._span = trace.get_current_span()
-        #: a session issued during the request goes back on this exchange's reply (a start hook)
-        self._exchange = exchange
-        # The request starts: this session is current (``current_session_id``) until :meth:`end`.
-        self._context: contextvars.Token[RequestSession | None] | None = _CURRENT.set(self)
-        if session_id is not None:
-            self._adopt(session_id)
+    #: whether :meth:`end` has work to do when the request ends (log lines to unbind, a hook to drop)
+    ends: bool = False
 
     def _adopt(self, session_id: str) -> None:
         dict.__setitem__(self, SESSION_ID_KEY, session_id)
@@ -292,6 +290,7 @@ class RequestSession(dict[str, str]):
             self._span.set_attribute(names.ATTR_SESSION_ID, session_id)
         tokens = structlog.contextvars.bind_contextvars(session_id=session_id)
         self._log_tokens = [*(self._log_tokens or ()), tokens]
+        self.ends = True
 
     def _unbind(self) -> None:
         for tokens in self._log_tokens or ():
@@ -315,11 +314,8 @@ class RequestSession(dict[str, str]):
         return self._layer.reply_start(message, self)
 
     def end(self) -> None:
-        """The request is over: the session is no longer current, log lines no longer carry it."""
+        """The request is over (called when :attr:`ends`): log lines no longer carry the session."""
         self._exchange = None  # (its hook refers back to this session: no cycle outlives the request)
-        if self._context is not None:
-            _CURRENT.reset(self._context)
-            self._context = None
         if self._log_tokens is not None:
             self._unbind()
 
@@ -339,8 +335,15 @@ _CURRENT: Final[contextvars.ContextVar[RequestSession | None]] = contextvars.Con
 
 def current_session_id() -> str | None:
     """The session of the request being handled (issued now if the request named none); ``None``
-    outside a request of a server with sessions."""
-    session = _CURRENT.get()
+    outside a request of a server with sessions.
+
+    Looked up on the current failure-log holder first (a gym server's request: its exchange, or a
+    ``request_failure_log`` made inside the request, which keeps the request's session), then in the
+    sessions step's own variable (a step running without the failure step)."""
+    holder = current_log_holder()
+    session = holder.session if holder is not None else None
+    if not isinstance(session, RequestSession):
+        session = _CURRENT.get()
     return session.session_id if session is not None else None
 
 
@@ -348,8 +351,8 @@ class SessionLayer:
     """What the sessions of one server share: signer, routing, owner check, excluded paths.
 
     The sessions step of the gym layers' one frame (``_steps``; :class:`SessionMiddleware` runs it on its
-    own): ``open`` (the session is current) -> handler -> ``reply_start`` on the response start (only for
-    a session issued here) -> the session's ``end``.
+    own): ``open`` -> the session made current (by the frame) -> handler -> ``reply_start`` on the
+    response start (only for a session issued here) -> the session's ``end`` (only when it ``ends``).
     """
 
     __slots__ = ("excluded_paths", "owns", "routing", "signer")
@@ -378,9 +381,9 @@ class SessionLayer:
         return session_id
 
     def open(self, scope: Scope, exchange: Exchange | None = None) -> RequestSession | None:
-        """Resolve the request's session from its headers (or the owner router) and make it current (a
-        session issued later goes back on ``exchange``'s reply); ``None`` when the JSON body must be read
-        first (then call :meth:`open_reading_body`).
+        """Resolve the request's session from its headers (or the owner router) (a session issued later
+        goes back on ``exchange``'s reply); ``None`` when the JSON body must be read first (then call
+        :meth:`open_reading_body`).
 
         The headers are read through the exchange's ``headers_by_name`` (built once by the context
         layer); a request with neither the session header nor a cookie (most) verifies no token.
@@ -396,8 +399,26 @@ class SessionLayer:
             wants_body = self.routing.json_field and scope["type"] == "http"
             if session_id is None and wants_body and _is_json(headers):
                 return None
-        session = scope["session"] = RequestSession(session_id, self, exchange)
+        return self._session(scope, session_id, exchange)
+
+    def _session(self, scope: Scope, session_id: str | None, exchange: Exchange | None) -> RequestSession:
+        """The request's session, as ``scope["session"]`` and on ``exchange`` (not yet current: see
+        :meth:`enter`)."""
+        session = scope["session"] = RequestSession()
+        session._layer = self
+        session._exchange = exchange
+        if exchange is not None:
+            exchange.session = session
+        if STATE.enabled:  # the SERVER span the request's session id goes on
+            session._span = trace.get_current_span()
+        if session_id is not None:
+            session._adopt(session_id)
         return session
+
+    #: make a session current for a step running without the failure step (``enter(session) -> token``;
+    #: ``leave(token)``); with it, the request's exchange (holding the session) is made current instead
+    enter = staticmethod(_CURRENT.set)
+    leave = staticmethod(_CURRENT.reset)
 
     async def open_reading_body(
         self, scope: Scope, receive: Receive, exchange: Exchange | None = None
@@ -406,8 +427,7 @@ class SessionLayer:
         messages, body = await read_body(receive)
         field = self.routing.json_field
         session_id = json_field_value(body, field) if field else None
-        session = scope["session"] = RequestSession(session_id, self, exchange)
-        return session, replaying(messages, receive)
+        return self._session(scope, session_id, exchange), replaying(messages, receive)
 
     def reply_start(self, message: Message, session: RequestSession) -> Message:
         """The ``http.response.start`` message with a session issued during this request handed back."""
