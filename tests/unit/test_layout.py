@@ -104,6 +104,7 @@ PRIVATE_SEAMS: dict[str, str] = {
     "gym_obs.server._failure_reply:reply_status": "the status rule of failure replies, row by row",
     "gym_obs.server._request_limits:RequestLimits": "the request-head limits handed to uvicorn",
     "gym_obs.server._span:ServerSpanMiddleware": "the native SERVER span on a bare ASGI app",
+    "gym_obs.server._model_call_read:read_json_reply": "the usual-reply reader against genai's reader",
     "gym_obs.server._span:_split_host": "Host header parsing (server.address / server.port) row by row",
     "gym_obs.server._native_telemetry:disable_native_telemetry": "FastAPI's own telemetry off, as servers do",
     "gym_obs.server._access_log:QueryFreeAccessLog": "security rule: access lines never carry a query",

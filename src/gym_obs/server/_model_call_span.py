@@ -9,7 +9,7 @@ from __future__ import annotations
 from opentelemetry.trace import Span
 
 from gym_obs.telemetry import names
-from gym_obs.telemetry._exemplars import DIRECT_SPAN_TYPES, current_recorded_span
+from gym_obs.telemetry._exemplars import DIRECT_SPAN_TYPES, current_recorded_span, span_in
 from gym_obs.telemetry.spans import SERVER_KIND
 
 __all__ = ["ends_with_the_app", "server_span"]
@@ -17,12 +17,13 @@ __all__ = ["ends_with_the_app", "server_span"]
 
 def server_span() -> Span | None:
     """The current span when it is a SERVER span this process records, else None."""
-    span = current_recorded_span()  # at a request's start it has not ended: it is recording
-    if span is None:
+    span: object = span_in()
+    if type(span) in DIRECT_SPAN_TYPES:  # an SDK span: one this process records
+        return span if span._kind is SERVER_KIND else None  # type: ignore[attr-defined,return-value]
+    recorded = current_recorded_span()  # at a request's start it has not ended: it is recording
+    if recorded is None:
         return None
-    direct = type(span) in DIRECT_SPAN_TYPES
-    kind = span._kind if direct else getattr(span, "kind", None)  # type: ignore[attr-defined]
-    return span if kind is SERVER_KIND else None
+    return recorded if getattr(recorded, "kind", None) is SERVER_KIND else None
 
 
 def ends_with_the_app(span: Span) -> bool:

@@ -33,15 +33,16 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gym_obs.config import MODEL_CALLS_CONFIG_KEY, ConfigError, model_calls_enabled
 from gym_obs.server._model_call_points import TOKEN_SPAN_KEYS
+from gym_obs.server._model_call_read import event_data, late_event, read_json_reply
 from gym_obs.server._model_call_shape import CallShapes
 from gym_obs.server._model_call_span import ends_with_the_app, server_span
 from gym_obs.telemetry import names
 from gym_obs.telemetry._state import STATE
 from gym_obs.telemetry.genai import (
+    ROUTE_OPERATIONS,
     ReplyFacts,
     SseEvents,
     dialect_for_path,
-    facts_from_json,
     model_from_request_body,
     update_from_event,
 )
@@ -137,8 +138,8 @@ class _Call(ReplyFacts):
         "ended",
         "first_token_at",
         "head_bytes",
+        "json_body",
         "json_bytes",
-        "json_parts",
         "layer",
         "mode",
         "operation",
@@ -154,32 +155,35 @@ class _Call(ReplyFacts):
 
     # set in _start for the reply's kind only (a call pays for its own kind); ended in _final (read only then)
     ended: float
-    json_parts: list[bytes]
+    json_body: bytes | list[bytes] | None  # a JSON reply's body: its one part (the usual), or its parts
     json_bytes: int
     head_bytes: int
     tail: deque[bytes] | None
 
-    def __init__(
+    def begin(
         self,
         operation: str,
         receive: Receive,
         send: Send,
         span: Span | None,
         layer: ModelCallMiddleware,
-    ) -> None:
+    ) -> _Call:
+        """Set up a call made by ``object.__new__`` (``_Call(...)`` with an ``__init__`` costs a class call
+        and a C-level frame more per request); returns it."""
         self.operation = operation
         self.layer = layer  # told when the reply is out, under a span that ends with it (see _split)
         self._receive = receive
         self._send = send
         self.span = span
-        self.started = time.perf_counter()  # (ended: set when the final body message is handed on)
+        self.started = _perf_counter()  # (ended: set when the final body message is handed on)
         self.mode = _WAITING
         self.status = self.scanned = 0
         self.complete = self.disconnected = self.recorded = False
-        ReplyFacts.__init__(self)
+        _facts_init(self)  # (a module constant: an attribute read off a class is not specialised)
         self.first_token_at: float | None = None
         self.request_model: str | None = None
         self.sse: SseEvents | None = None  # a streamed reply's reader
+        return self
 
     async def receive(self) -> Message:
         message = await self._receive()
@@ -211,7 +215,13 @@ class _Call(ReplyFacts):
             if body:
                 self.json_bytes += len(body)
                 if self.json_bytes <= MAX_JSON_BYTES:
-                    self.json_parts.append(body)
+                    kept = self.json_body
+                    if kept is None:  # the usual reply: one part, kept as it is (no list, no join)
+                        self.json_body = body
+                    elif isinstance(kept, list):
+                        kept.append(body)
+                    else:
+                        self.json_body = [kept, body]
                 else:
                     self._too_large()
             if message.get("more_body", False):
@@ -237,7 +247,7 @@ class _Call(ReplyFacts):
         Under gym's SERVER span (it ends when the app returns) or none, the reply is read and recorded after
         the app returns; under another (contrib's ends with the last body message), see :meth:`_split`."""
         self.complete = True
-        self.ended = time.perf_counter()
+        self.ended = _perf_counter()
         span = self.span
         if span is None or ends_with_the_app(span):
             return self._send(message)
@@ -259,12 +269,14 @@ class _Call(ReplyFacts):
 
     def _too_large(self) -> None:
         self.flag(names.GEN_AI_UNPARSABLE_TOO_LARGE)
-        self.json_parts = []
+        self.json_body = None
         self.mode = _PASS
 
     def _start(self, message: Message) -> None:
         status = message.get("status", 200)
-        self.status = status = status if type(status) is int else int(status)
+        if type(status) is not int:
+            status = int(status)
+        self.status = status
         if status >= 400:
             self.mode = _PASS
             return
@@ -274,13 +286,13 @@ class _Call(ReplyFacts):
             if key == _CONTENT_TYPE or (len(key) == 12 and key.lower() == _CONTENT_TYPE):
                 content_type = value
                 break
-        kind = _REPLY_KINDS.get(content_type) if type(content_type) is bytes else None
+        kind = _REPLY_KINDS.get(content_type)  # (an odd value misses, or fails as _reply_kind would)
         if kind is None:
             kind = _reply_kind(content_type)
         if kind == _HEAD:
             self.sse, self.head_bytes, self.tail = SseEvents(), 0, None
         elif kind == _JSON:
-            self.json_parts, self.json_bytes = [], 0
+            self.json_body, self.json_bytes = None, 0
         else:
             self.flag(names.GEN_AI_UNPARSABLE_CONTENT_TYPE)
         self.mode = kind
@@ -335,7 +347,7 @@ class _Call(ReplyFacts):
             # the head's reader stopped inside an event: its chunks finish it (and any event it runs into)
             while first < len(chunks) and sse.pending:
                 for event in sse.feed(chunks[first]):
-                    if _late_event(operation, event):
+                    if late_event(operation, event):
                         update_from_event(operation, event, self)
                 first += 1
             if sse.pending:
@@ -365,8 +377,8 @@ class _Call(ReplyFacts):
         if trimmed and len(blocks) <= TAIL_EVENTS:
             blocks = blocks[1:]  # the first piece may start mid-event
         for block in blocks[-TAIL_EVENTS:]:
-            if _late_event(operation, block):  # a byte search before any per-line work
-                payload = _event_data(block)
+            if late_event(operation, block):  # a byte search before any per-line work
+                payload = event_data(block)
                 if payload is not None:
                     update_from_event(operation, payload, self)
         return bool(rest.strip())
@@ -387,6 +399,11 @@ class _Call(ReplyFacts):
         return names.GEN_AI_OUTCOME_OK
 
 
+_OK: Final = names.GEN_AI_OUTCOME_OK
+_facts_init: Final = ReplyFacts.__init__
+_new: Final = object.__new__
+_perf_counter: Final = time.perf_counter
+
 #: A reply's content type -> how it is read (_HEAD: a stream, _JSON, _PASS: not); the app's own values.
 _REPLY_KINDS: dict[bytes, int] = {}
 
@@ -402,41 +419,6 @@ def _reply_kind(content_type: bytes) -> int:
             _REPLY_KINDS.clear()
         _REPLY_KINDS[content_type] = kind
     return kind
-
-
-def _event_data(block: bytes) -> bytes | None:
-    """The ``data`` of one complete SSE event block (its lines joined with newlines), or None."""
-    lines = [
-        line[6:] if line.startswith(b"data: ") else line[5:]
-        for line in block.split(b"\n")
-        if line.startswith(b"data:")
-    ]
-    if not lines:
-        return None
-    return lines[0] if len(lines) == 1 else b"\n".join(lines)
-
-
-def _non_null_after(data: bytes, key: bytes) -> bool:
-    """Whether ``key`` appears with a value other than ``null`` (no JSON parse)."""
-    at = data.find(key)
-    while at >= 0:
-        rest = data[at + len(key) : at + len(key) + 16].lstrip()
-        if rest.startswith(b":") and not rest[1:].lstrip().startswith(b"null"):
-            return True
-        at = data.find(key, at + len(key))
-    return False
-
-
-def _late_event(operation: str, data: bytes) -> bool:
-    """Whether an event after the first content may carry usage or a finish reason (parse only those)."""
-    if operation == names.GEN_AI_OPERATION_CHAT:
-        return _non_null_after(data, b'"usage"') or _non_null_after(data, b'"finish_reason"')
-    find = data.find  # not ``in``: on bytes it first tries its operand as an int (an exception each time)
-    if operation == names.GEN_AI_OPERATION_RESPONSES:
-        return find(b'"response.completed"') >= 0 or find(b'"response.incomplete"') >= 0 or (
-            find(b'"response.failed"') >= 0 or find(b'"error"') >= 0
-        )
-    return find(b"message_delta") >= 0 or find(b'"error"') >= 0
 
 
 def _is_disconnect(error: BaseException) -> bool:
@@ -468,12 +450,15 @@ class ModelCallMiddleware:
         self._shapes = CallShapes(provider, model_allow_list)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        operation = dialect_for_path(scope["path"]) if scope["type"] == "http" else None
+        operation = None
+        if scope["type"] == "http":  # a dialect route as it is, else dialect_for_path's other forms
+            path = scope["path"]
+            operation = ROUTE_OPERATIONS.get(path) or dialect_for_path(path)
         instruments = STATE.instruments
         if operation is None or instruments is None or not STATE.enabled:
             await self.app(scope, receive, send)
             return
-        call = _Call(operation, receive, send, server_span(), self)
+        call = _new(_Call).begin(operation, receive, send, server_span(), self)
         error: BaseException | None = None
         try:
             await self.app(scope, call.receive, call.send)
@@ -498,12 +483,13 @@ class ModelCallMiddleware:
         call.recorded = True
         if call.complete:  # the usual call: its whole reply went out
             ended = call.ended
-            outcome = names.GEN_AI_OUTCOME_OK if 0 < call.status < 400 else call.outcome(error)
+            outcome = _OK if 0 < call.status < 400 else call.outcome(error)
         else:
             ended = time.perf_counter()
             outcome = call.outcome(error)
-        if call.mode == _JSON:  # (a one-part body is not copied by join)
-            facts_from_json(call.operation, b"".join(call.json_parts), call)
+        usual = None
+        if call.mode == _JSON:
+            usual = read_json_reply(call.operation, call.json_body, call)
         else:
             call.read_stream()
         asked, answered = call.request_model, call.response_model
@@ -514,7 +500,38 @@ class ModelCallMiddleware:
         points = shape.points
         # an exemplar (one decision per call) on the latency points only: the span carries the counts too
         pre = instruments.pre
-        exemplar = pre.exemplar_for(call.span) if pre is not None else None
+        span = call.span
+        exemplar = pre.exemplar_for(span) if pre is not None else None
+        if usual is not None and outcome == _OK:
+            # the usual chat reply (read_json_reply's: both counts, one finish reason, a plain-word id, no
+            # problem): what the general steps below record for it, in one go
+            given: Any = call.input_tokens  # ints here (Any: the facts' fields are typed for any reply)
+            made: Any = call.output_tokens
+            reply_id: Any = call.response_id  # a plain word: its own scrub
+            tokens = points.tokens
+            points.emit(
+                [
+                    (points.duration[outcome], ended - call.started, exemplar),
+                    (tokens[0], given, None),
+                    (tokens[1], made, None),
+                    (points.finishes[usual[0]], 1, None),
+                ]
+            )
+            if span is not None:
+                set_trusted_attributes(
+                    span,
+                    {
+                        names.ATTR_GEN_AI_OPERATION_NAME: call.operation,
+                        names.ATTR_GEN_AI_OUTCOME: outcome,
+                        names.ATTR_GEN_AI_STREAMED: False,
+                        names.ATTR_GEN_AI_USAGE_INPUT_TOKENS: given,
+                        names.ATTR_GEN_AI_USAGE_OUTPUT_TOKENS: made,
+                        names.ATTR_GEN_AI_RESPONSE_FINISH_REASONS: usual,
+                        **shape.names,
+                        names.ATTR_GEN_AI_RESPONSE_ID: reply_id,
+                    },
+                )
+            return
         measurements = [(points.duration[outcome], ended - call.started, exemplar)]
         attributes: dict[str, Any] = {
             names.ATTR_GEN_AI_OPERATION_NAME: call.operation,
@@ -548,7 +565,6 @@ class ModelCallMiddleware:
         if problem is not None:
             measurements.append((points.unparsable[problem], 1, None))
         points.emit(measurements)
-        span = call.span
         if span is not None:
             # the provider, then the names (the request's, the reply's model: scrubbed, in the shape), the id
             if problem is None:

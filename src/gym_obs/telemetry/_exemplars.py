@@ -41,8 +41,10 @@ from opentelemetry.util.types import Attributes
 
 __all__ = [
     "DIRECT_SPAN_TYPES",
+    "SPAN_KEY",
     "ExemplarSampler",
     "RecordedSpanExemplarFilter",
+    "current_context",
     "current_recorded_span",
     "exemplar_filter",
     "exemplar_sampler",
@@ -65,7 +67,7 @@ DIRECT_SPAN_TYPES: Final[set[type]] = {_SdkSpan}
 
 # The context key the current span lives under, found through the public API (``set_span_in_context``
 # writes exactly one key), so the samplers read the span with one dict lookup.
-(_SPAN_KEY,) = set_span_in_context(INVALID_SPAN, Context()).keys()
+(SPAN_KEY,) = set_span_in_context(INVALID_SPAN, Context()).keys()
 _NOTHING: Final = object()
 
 
@@ -80,12 +82,12 @@ def _context_getter() -> Callable[[], Context]:
     return get_current
 
 
-_current_context: Final = _context_getter()
+current_context: Final = _context_getter()
 
 
 def span_in(context: Context | None = None) -> object:
     """What ``context`` (default: the current one) holds as its span: a span, or None (one dict lookup)."""
-    return (_current_context() if context is None else context).get(_SPAN_KEY)
+    return (current_context() if context is None else context).get(SPAN_KEY)
 
 
 def _learn(kind: type) -> tuple[bool, bool]:
@@ -104,7 +106,7 @@ _SPAN_TYPES: dict[type, tuple[bool, bool]] = {}
 def current_recorded_span(context: Context | None = None) -> Span | None:
     """The current span when it is one this process records (an SDK span, ended or not), else None; the
     cheap form of ``get_current_span()`` plus a recording check, for per-request hot paths."""
-    span = (_current_context() if context is None else context).get(_SPAN_KEY)
+    span = (current_context() if context is None else context).get(SPAN_KEY)
     known = _SPAN_TYPES.get(type(span)) or _learn(type(span))
     return span if known[1] else None  # type: ignore[return-value]
 
@@ -170,7 +172,7 @@ def _per_span(answer: SpanAnswer) -> ExemplarSampler:
 
     def sample(value: float, attributes: Attributes, context: Context | None) -> SpanContext | None:
         nonlocal last
-        span = (_current_context() if context is None else context).get(_SPAN_KEY)
+        span = (current_context() if context is None else context).get(SPAN_KEY)
         seen = last  # one read: another thread may replace it, never half of it
         if seen[0] is span:
             return seen[1]

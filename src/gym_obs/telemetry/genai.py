@@ -20,10 +20,15 @@ from gym_obs.telemetry import names
 from gym_obs.telemetry.redaction import is_plain_word, scrub_text, scrub_word
 
 __all__ = [
+    "CHAT_FINISH",
+    "MAX_NAME_CHARS",
     "MAX_TOKENS",
+    "ONE_FINISH",
+    "ROUTE_OPERATIONS",
     "ReplyFacts",
     "SseEvents",
     "dialect_for_path",
+    "facts_from_data",
     "facts_from_json",
     "model_from_request_body",
     "update_from_event",
@@ -32,18 +37,21 @@ __all__ = [
 #: More tokens than this in one call is not a real count (a bug or hostile input): the value is dropped.
 MAX_TOKENS: Final = 100_000_000
 _MAX_FINISH_REASONS: Final = 64
-_MAX_NAME_CHARS: Final = 256
+#: A model name or reply id longer than this is not put on a span.
+MAX_NAME_CHARS: Final = 256
 #: A line longer than this (one SSE ``data:`` line) is not parsed: its event is skipped as too large.
 MAX_LINE_BYTES: Final = 4 * 1024 * 1024
 
-_ROUTES: Final = {
+#: The three dialect routes -> their operation (what :func:`dialect_for_path` finds first).
+ROUTE_OPERATIONS: Final = {
     names.GEN_AI_ROUTE_CHAT: names.GEN_AI_OPERATION_CHAT,
     names.GEN_AI_ROUTE_RESPONSES: names.GEN_AI_OPERATION_RESPONSES,
     names.GEN_AI_ROUTE_MESSAGES: names.GEN_AI_OPERATION_MESSAGES,
 }
 _ROLLOUT_PREFIX: Final = re.compile(r"^/" + names.ROLLOUT_PATH_SEGMENT + r"/[^/]+(?=/)")
 
-_CHAT_FINISH: Final = {
+#: A chat choice's ``finish_reason`` -> its normalised reason (any other value: ``other``).
+CHAT_FINISH: Final = {
     "stop": names.GEN_AI_FINISH_STOP,
     "length": names.GEN_AI_FINISH_LENGTH,
     "tool_calls": names.GEN_AI_FINISH_TOOL_CALL,
@@ -70,7 +78,7 @@ _RESPONSES_FINAL_EVENTS: Final = frozenset({"response.completed", "response.inco
 _RESPONSES_START_EVENTS: Final = frozenset({"response.created", "response.in_progress"})
 
 #: The finish reasons of a single choice, one shared tuple per normalised reason.
-_ONE_FINISH: Final = {reason: (reason,) for reason in names.GEN_AI_FINISH_REASONS}
+ONE_FINISH: Final = {reason: (reason,) for reason in names.GEN_AI_FINISH_REASONS}
 
 #: The first ``"model"`` key of a request, and its value when that is a plain string (else group 1 is None).
 _MODEL_VALUE: Final = re.compile(rb'"model"(?:\s*:\s*"([^"\\\x00-\x1f]{1,256})")?')
@@ -78,24 +86,24 @@ _MODEL_VALUE: Final = re.compile(rb'"model"(?:\s*:\s*"([^"\\\x00-\x1f]{1,256})")
 
 def dialect_for_path(path: str) -> str | None:
     """The operation (``chat`` | ``responses`` | ``messages``) a request path speaks, else None."""
-    operation = _ROUTES.get(path)
+    operation = ROUTE_OPERATIONS.get(path)
     if operation is not None:
         return operation
     if path.endswith("/") and len(path) > 1:
         return dialect_for_path(path.rstrip("/"))
     if path.startswith("/" + names.ROLLOUT_PATH_SEGMENT + "/"):
-        return _ROUTES.get(_ROLLOUT_PREFIX.sub("", path, count=1).rstrip("/") or "/")
+        return ROUTE_OPERATIONS.get(_ROLLOUT_PREFIX.sub("", path, count=1).rstrip("/") or "/")
     return None
 
 
 def clean_name(value: object) -> str | None:
     """A model name or id fit for a span: a printable string of bounded length, else None."""
-    if type(value) is str and 0 < len(value) <= _MAX_NAME_CHARS:  # the usual case, in fewer steps
+    if type(value) is str and 0 < len(value) <= MAX_NAME_CHARS:  # the usual case, in fewer steps
         return value if value.isprintable() else None
     if not isinstance(value, str) or not value:
         return None
-    if len(value) > _MAX_NAME_CHARS:
-        value = value[:_MAX_NAME_CHARS]
+    if len(value) > MAX_NAME_CHARS:
+        value = value[:MAX_NAME_CHARS]
     return value if value.isprintable() else None
 
 
@@ -211,7 +219,7 @@ class ReplyFacts:
         reason = self._finish_reason
         if reason is None:
             return ()
-        return _ONE_FINISH.get(reason) or (reason,)
+        return ONE_FINISH.get(reason) or (reason,)
 
     def add_finish(self, reason: str, index: int = 0) -> None:
         """Record choice ``index``'s finish reason (bounded; the last report for an index wins)."""
@@ -232,7 +240,7 @@ class ReplyFacts:
         """The reply's id, when none was seen yet: cleaned (a plain word, the usual id, is known clean and
         scrubbed in one test: :func:`~gym_obs.telemetry.redaction.is_plain_word`)."""
         if self.response_id is None:
-            if type(value) is str and 0 < len(value) <= _MAX_NAME_CHARS and is_plain_word(value):
+            if type(value) is str and 0 < len(value) <= MAX_NAME_CHARS and is_plain_word(value):
                 self.response_id = self._plain_id = value
             else:
                 self.response_id = clean_name(value)
@@ -331,7 +339,7 @@ def _chat_choices(facts: ReplyFacts, choices: object) -> None:
             if reason is not None:
                 index = choice.get("index")
                 facts.add_finish(
-                    _CHAT_FINISH.get(reason, names.GEN_AI_FINISH_OTHER)
+                    CHAT_FINISH.get(reason, names.GEN_AI_FINISH_OTHER)
                     if type(reason) is str
                     else names.GEN_AI_FINISH_OTHER,
                     index if type(index) is int else position,
@@ -383,6 +391,11 @@ def facts_from_json(operation: str, body: bytes, facts: ReplyFacts | None = None
     except Exception:
         facts.flag(names.GEN_AI_UNPARSABLE_MALFORMED)
         return facts
+    return facts_from_data(operation, data, facts)
+
+
+def facts_from_data(operation: str, data: object, facts: ReplyFacts) -> ReplyFacts:
+    """:func:`facts_from_json` for a reply already parsed (``orjson.loads`` of its body)."""
     try:
         if type(data) is not dict:  # what orjson makes of a JSON object
             facts.flag(names.GEN_AI_UNPARSABLE_MALFORMED)

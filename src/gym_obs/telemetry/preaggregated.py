@@ -62,7 +62,13 @@ from opentelemetry.sdk.metrics.view import View
 from opentelemetry.trace import SpanContext
 from opentelemetry.util.types import Attributes
 
-from gym_obs.telemetry._exemplars import ExemplarSampler, exemplar_sampler, span_answer, span_in
+from gym_obs.telemetry._exemplars import (
+    SPAN_KEY,
+    ExemplarSampler,
+    current_context,
+    exemplar_sampler,
+    span_answer,
+)
 
 __all__ = [
     "Measurement",
@@ -363,7 +369,7 @@ class PreAggregation:
         its end): one lookup confirms it, and the filter is asked about it directly (no per-span cache to
         consult: the span is new each request). Any other current span gets :meth:`exemplar`'s answer."""
         answer = self._answer
-        if answer is None or span_in() is not span:
+        if answer is None or current_context().get(SPAN_KEY) is not span:  # span_in(), without its call
             return self.exemplar()
         span_context = answer(span)
         return None if span_context is None else (span_context, _time_ns())
