@@ -56,3 +56,21 @@ def test_the_filter_is_decided_at_set_up_and_the_environment_wins() -> None:
     assert isinstance(exemplar_filter(True, {}), RecordedSpanExemplarFilter)
     assert isinstance(exemplar_filter(False, {}), AlwaysOffExemplarFilter)  # no tracing: no exemplar work
     assert exemplar_filter(True, {"OTEL_METRICS_EXEMPLAR_FILTER": "always_on"}) is None  # the SDK reads it
+
+
+def test_current_context_reads_the_default_runtime_context_directly() -> None:
+    """Under the SDK's default (contextvars) runtime, ``current_context`` is that ContextVar's own ``get``
+    (no API frames per metric point): a renamed SDK internal would silently fall back to the slower
+    public function, still correct, so only this test notices."""
+    from contextvars import ContextVar
+
+    from gym_obs.telemetry._exemplars import current_context
+
+    runtime_var = getattr(context._RUNTIME_CONTEXT, "_current_context")  # noqa: B009 (an SDK internal)
+    assert isinstance(runtime_var, ContextVar)
+    assert current_context == runtime_var.get
+    token = context.attach(trace.set_span_in_context(NonRecordingSpan(REMOTE)))
+    try:
+        assert current_context() is context.get_current()
+    finally:
+        context.detach(token)
