@@ -142,25 +142,17 @@ def set_trusted_attributes(span: Span, attributes: Mapping[str, AttributeValue])
     else:
         store = getattr(span, "_attributes", None)
         lock = getattr(span, "_lock", None)
-    # what _plain_store decides, inline (a call fewer on every request)
-    if type(store) is BoundedAttributes and lock is not None:
-        items = store._dict
-        maxlen = store.maxlen
-        if (
-            type(items) is dict
-            and store.max_value_len is None
-            and maxlen is not None
-            and len(items) + len(attributes) <= maxlen
-        ):
-            lock.acquire()  # not ``with``: that looks up and binds __enter__ and __exit__ each time
-            try:
-                ended = span._end_time if direct else getattr(span, "end_time", None)  # type: ignore[attr-defined]
-                if ended is None:  # ended: the SDK would only log that it has
-                    items.update(attributes)
-            finally:
-                lock.release()
-            return
-    span.set_attributes(attributes)
+    items = _plain_store(store, len(attributes))
+    if items is None or lock is None:
+        span.set_attributes(attributes)
+        return
+    lock.acquire()  # not ``with``: that looks up and binds __enter__ and __exit__ each time
+    try:
+        ended = span._end_time if direct else getattr(span, "end_time", None)  # type: ignore[attr-defined]
+        if ended is None:  # ended: the SDK would only log that it has
+            items.update(attributes)
+    finally:
+        lock.release()
 
 
 def _plain_store(store: Any, adding: int) -> dict[str, Any] | None:
