@@ -66,6 +66,10 @@ def canary_model_app() -> FastAPI:
             return JSONResponse({"error": {"message": f"password={CANARY}"}}, status_code=500)
         if body.get("long"):
             return JSONResponse(_reply(LONG_MODEL))
+        if body.get("usual"):  # the shape the model-call layer reads in one step: the canary in the model
+            usual = {**_reply(f"token={CANARY}"), "id": "chatcmpl-0123abc"}
+            usual["choices"] = [{"index": 0, "message": {"content": "hi"}, "finish_reason": "stop"}]
+            return JSONResponse(usual)
         return JSONResponse(_reply(f"token={CANARY}"))
 
     @app.post("/v1/messages")
@@ -143,6 +147,8 @@ async def test_a_canary_in_a_model_request_or_reply_reaches_no_server_span_and_n
         chat = base + names.GEN_AI_ROUTE_CHAT
         reply = await get_response_json(await request("POST", chat, json={"model": f"api_key={CANARY}"}))
         assert CANARY in reply["id"] and CANARY in reply["model"]
+        usual = await get_response_json(await request("POST", chat, json={"model": "m", "usual": True}))
+        assert CANARY in usual["model"] and usual["choices"][0]["finish_reason"] == "stop"
         stream = await request("POST", base + names.GEN_AI_ROUTE_MESSAGES, json={"model": f"token={CANARY}"})
         assert any(CANARY.encode() in data for data in [d async for d in iter_sse_data(stream)])
         failed = await request("POST", chat, json={"model": f"secret={CANARY}", "fail": True})
@@ -152,7 +158,10 @@ async def test_a_canary_in_a_model_request_or_reply_reaches_no_server_span_and_n
         for s in telemetry.spans()
         if s.kind is SpanKind.SERVER and names.ATTR_GEN_AI_OPERATION_NAME in (s.attributes or {})
     ]
-    assert len(served) == 3  # the layer saw every call (and put its names on the span, scrubbed)
+    assert len(served) == 4  # the layer saw every call (and put its names on the span, scrubbed)
+    # the usual reply (read and recorded in one step) kept its plain id and counts, and no raw model
+    usual_spans = [a for a in served if a.get(names.ATTR_GEN_AI_RESPONSE_ID) == "chatcmpl-0123abc"]
+    assert len(usual_spans) == 1 and usual_spans[0][names.ATTR_GEN_AI_USAGE_INPUT_TOKENS] == 3
     assert any(names.ATTR_GEN_AI_RESPONSE_ID in a for a in served)
     assert any(names.ATTR_GEN_AI_REQUEST_MODEL in a for a in served)
     assert CANARY not in everything(telemetry)
