@@ -10,6 +10,9 @@ span has ended none of those containers can change: the copy keeps the plain dic
 (two tracked objects per span; a dict of str/int/bool values is not tracked at all). What exporters read is
 unchanged: ``attributes``, ``events``, ``links`` and the dropped counts (a container that dropped anything
 is kept as it is, so its count travels on).
+
+When these processors are the only ones, a trusted child span (``spans.start_trusted_span``) skips the
+SDK's processor calls, which do nothing here: :func:`queue_ended` builds its ended copy compact and queues it.
 """
 
 from __future__ import annotations
@@ -32,13 +35,17 @@ def compact_ended_span(span: ReadableSpan) -> None:
     plain dict and tuples inside them, where nothing was dropped. Any other span type is left alone."""
     if type(span) is not ReadableSpan:
         return
-    attributes: Any = span._attributes
+    span._attributes = _plain_attributes(span._attributes)
+    span._events = _plain(span._events)
+    span._links = _plain(span._links)
+
+
+def _plain_attributes(attributes: Any) -> Any:
     if type(attributes) is BoundedAttributes and not attributes.dropped:
         items = getattr(attributes, "_dict", None)
         if type(items) is dict:
-            span._attributes = items
-    span._events = _plain(span._events)
-    span._links = _plain(span._links)
+            return items
+    return attributes
 
 
 def _plain(items: Any) -> Any:
@@ -100,16 +107,9 @@ def queue_ended(span: Any, batches: tuple[CompactBatchSpanProcessor, ...]) -> No
     readable._parent = span._parent
     readable._start_time = span._start_time
     readable._end_time = span._end_time
-    attributes = span._attributes
-    if type(attributes) is BoundedAttributes and not attributes.dropped:
-        items = getattr(attributes, "_dict", None)
-        if type(items) is dict:
-            attributes = items
-    readable._attributes = attributes
-    events = span._events
-    readable._events = events if type(events) is tuple else _plain(events)
-    links = span._links
-    readable._links = links if type(links) is tuple else _plain(links)
+    readable._attributes = _plain_attributes(span._attributes)
+    readable._events = _plain(span._events)
+    readable._links = _plain(span._links)
     readable._resource = span._resource
     readable._status = span._status
     for batch in batches:

@@ -287,7 +287,6 @@ class _LeanSpan(_Span):
                 self._links = BoundedList(self._limits.max_links)
         super()._add_link(link)
 
-
     def end(self, end_time: int | None = None) -> None:
         """``Span.end``'s steps, with the ended copy queued by :func:`queue_ended` when gym_obs's batch
         processors are the only ones (they do nothing while a span ends); else the SDK's own."""
