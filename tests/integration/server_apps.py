@@ -7,6 +7,8 @@ so everything here must work in a fresh process with only the global config.
 from __future__ import annotations
 
 import asyncio
+import gc
+import os
 from typing import Any
 
 from fastapi import FastAPI
@@ -160,5 +162,18 @@ class LoggingServer(SimpleServer):
             log.warning("handled a request", n=body.get("n"), **secret)
             trace_id, span_id = current_ids()
             return {"trace_id": trace_id, "span_id": span_id}
+
+        return app
+
+
+class FrozenHeapServer(SimpleServer):
+    """Reports how many objects its process froze at startup (``gym_obs.server._heap``)."""
+
+    def setup_webserver(self) -> FastAPI:
+        app = FastAPI()
+
+        @app.get("/frozen")
+        async def frozen() -> dict[str, int]:
+            return {"frozen": gc.get_freeze_count(), "pid": os.getpid()}
 
         return app

@@ -142,6 +142,32 @@ def test_two_workers_serve_one_port(tmp_path: Path) -> None:
         assert len(pids) >= 1
 
 
+@pytest.mark.parametrize(("workers", "port"), [(1, 24181), (2, 24183)])
+def test_a_served_process_has_frozen_its_startup_objects(tmp_path: Path, workers: int, port: int) -> None:
+    """The serving process (or each worker) froze what it imported before serving, so full collections
+    under load do not walk the import graph again."""
+    config = _config(
+        {
+            "frozen": {
+                "entrypoint": f"{APPS}:FrozenHeapServer",
+                "server_type": "resources_servers",
+                "port": port,
+                "num_workers": workers,
+            }
+        },
+        head_port=port - 1,
+    )
+    with launch(config, log_dir=tmp_path) as running:
+        seen: dict[int, int] = {}
+        for _ in range(20):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/frozen", timeout=2) as response:
+                reply = json.loads(response.read())
+            seen[reply["pid"]] = reply["frozen"]
+    assert seen and all(count > 10_000 for count in seen.values()), seen  # FastAPI + the SDK: far more
+    if workers > 1:
+        assert running.servers["frozen"].pid not in seen  # a worker answered, and froze its own
+
+
 def test_bad_config_key_is_a_clear_error_from_the_command(tmp_path: Path) -> None:
     path = tmp_path / "config.yaml"
     path.write_text(

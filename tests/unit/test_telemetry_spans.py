@@ -9,6 +9,8 @@ import pytest
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.metrics import NoOpMeter
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace import Span as SdkSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -36,6 +38,7 @@ from opentelemetry.util.types import AttributeValue
 from gym_obs.telemetry import names
 from gym_obs.telemetry.metrics import Instruments, instruments_for
 from gym_obs.telemetry.redaction import REDACTED_USERINFO
+from gym_obs.telemetry.span_batches import CompactBatchSpanProcessor
 from gym_obs.telemetry.spans import (
     client_span,
     current_ids,
@@ -436,6 +439,148 @@ def test_events_and_links_added_after_start_are_kept_as_start_span_keeps_them(li
     assert len(trusted_made.events) == (1 if limits.max_events == 1 else 2)
     quiet_made = next(span for span in exporter.get_finished_spans() if span.name == "quiet")
     assert (quiet_made.events, quiet_made.links, quiet_made.dropped_events) == ((), (), 0)
+
+
+def _gym_provider(
+    processors: int, extra: SpanProcessor | None = None
+) -> tuple[TracerProvider, list[InMemorySpanExporter]]:
+    """A tracer provider as ``setup_telemetry`` builds it: only ``CompactBatchSpanProcessor``s (plus
+    ``extra``, which takes every span back to the SDK's path)."""
+    provider = TracerProvider()
+    exporters = [InMemorySpanExporter() for _ in range(processors)]
+    for exporter in exporters:
+        provider.add_span_processor(CompactBatchSpanProcessor(exporter, schedule_delay_millis=60_000))
+    if extra is not None:
+        provider.add_span_processor(extra)
+    return provider, exporters
+
+
+def _exported(span: ReadableSpan) -> tuple[object, ...]:
+    events = [(e.name, dict(e.attributes or {})) for e in span.events]
+    status = (span.status.status_code, span.status.description)
+    return (*_fields(span, False)[:12], status, events, span.dropped_attributes, span.dropped_events)
+
+
+def _ended_twice_and_touched(span: trace.Span) -> None:
+    span.set_attribute("late", 1)  # ended: refused
+    span.end(end_time=99)  # ended: refused, logged
+
+
+@pytest.mark.parametrize("processors", [1, 2])
+@pytest.mark.parametrize("parent_case", ["local_sampled", "remote_sampled_random", "current_local"])
+def test_under_gym_batch_processors_a_trusted_child_is_exported_as_start_span_exports_it(
+    processors: int, parent_case: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With only gym_obs's batch processors behind the provider, a trusted child is started and ended
+    without the SDK's processor calls (they do nothing then), and each exporter gets what ``start_span``'s
+    span gives it: same fields, attributes, events, status, times; refused the same way once ended."""
+    calls: list[str] = []
+    for hook in ("on_start", "_on_ending", "on_end"):
+        original = getattr(CompactBatchSpanProcessor, hook)
+
+        def counted(
+            self: object, *args: object, _hook: str = hook, _call: object = original, **kw: object
+        ) -> None:
+            calls.append(_hook)
+            _call(self, *args, **kw)  # type: ignore[operator]
+
+        monkeypatch.setattr(CompactBatchSpanProcessor, hook, counted)
+    provider, exporters = _gym_provider(processors)
+    tracer = provider.get_tracer("test")
+    attrs: dict[str, str | int] = {names.ATTR_URL_FULL: "http://h/x", names.ATTR_SERVER_PORT: 8}
+    token = None
+    if parent_case == "current_local":
+        token = otel_context.attach(trace.set_span_in_context(tracer.start_span("parent")))
+        context = None
+    else:
+        context = _PARENTS[parent_case](tracer)  # type: ignore[operator]
+    made = []
+    try:
+        for trusted in (False, True):
+            calls.clear()
+            span = (
+                start_trusted_span(tracer, "GET", context, SpanKind.CLIENT, attrs, 5)
+                if trusted
+                else tracer.start_span("GET", context, SpanKind.CLIENT, attrs, start_time=5)
+            )
+            span.set_attribute("later", "yes")
+            span.add_event("first", {"k": 1}, timestamp=6)
+            record_exception(span, ValueError("boom"))
+            set_span_error(span, "ValueError")
+            span.end(end_time=7)
+            made.append(calls.copy())
+            with caplog.at_level("WARNING", logger="opentelemetry.sdk.trace"):
+                caplog.clear()
+                _ended_twice_and_touched(span)
+                made.append([record.getMessage() for record in caplog.records])
+    finally:
+        if token is not None:
+            otel_context.detach(token)
+    sdk_calls, sdk_warnings, trusted_calls, trusted_warnings = made
+    assert sdk_calls == ["on_start"] * processors + ["_on_ending"] * processors + ["on_end"] * processors
+    assert trusted_calls == []  # the SDK's processor calls were skipped: nothing they would do was lost
+    assert trusted_warnings == sdk_warnings and len(sdk_warnings) == 2
+    provider.force_flush()
+    for exporter in exporters:
+        sdk_made, trusted_made = (span for span in exporter.get_finished_spans() if span.name == "GET")
+        assert type(trusted_made) is type(sdk_made) is ReadableSpan
+        assert _exported(trusted_made) == _exported(sdk_made)
+        kept = {**attrs, "later": "yes", names.ATTR_ERROR_TYPE: "ValueError"}
+        assert dict(trusted_made.attributes or {}) == kept
+        assert type(trusted_made._attributes) is dict  # compact, as the processor keeps it
+    if processors == 2:  # both exporters got the one ended copy each processor is given
+        first, second = ([s for s in e.get_finished_spans() if s.name == "GET"][1] for e in exporters)
+        assert first is second
+
+
+def test_any_other_span_processor_takes_trusted_spans_back_to_the_sdks_path() -> None:
+    """A processor a user added next to gym_obs's sees a trusted child start (with its attributes) and end."""
+    recorder = _StartRecorder()
+    ended: list[str] = []
+
+    class _EndRecorder(SpanProcessor):
+        def on_end(self, span: ReadableSpan) -> None:
+            ended.append(span.name)
+
+    provider, exporters = _gym_provider(1, recorder)
+    provider.add_span_processor(_EndRecorder())
+    tracer = provider.get_tracer("test")
+    attrs: dict[str, str | int] = {names.ATTR_URL_FULL: "http://h/x"}
+    with tracer.start_as_current_span("parent"):
+        start_trusted_span(tracer, "GET", None, SpanKind.CLIENT, attrs).end()
+    provider.force_flush()
+    assert [started for started, _ in recorder.started] == [attrs]
+    assert ended == ["GET", "parent"]
+    assert [span.name for span in exporters[0].get_finished_spans()] == ["GET", "parent"]
+
+
+def test_the_sdks_live_span_count_is_kept_by_trusted_children(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the SDK's own span metrics on, a trusted child counts as live until it ends, as any span."""
+    monkeypatch.setenv("OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED", "true")
+    reader = InMemoryMetricReader()
+    provider = TracerProvider(meter_provider=MeterProvider(metric_readers=[reader]))
+    provider.add_span_processor(CompactBatchSpanProcessor(InMemorySpanExporter()))
+    tracer = provider.get_tracer("test")
+
+    def live() -> int:
+        data = reader.get_metrics_data()
+        assert data is not None
+        points = [
+            point.value
+            for rm in data.resource_metrics
+            for sm in rm.scope_metrics
+            for metric in sm.metrics
+            if metric.name == "otel.sdk.span.live"
+            for point in metric.data.data_points
+        ]
+        return int(sum(points))
+
+    with tracer.start_as_current_span("parent"):
+        child = start_trusted_span(tracer, "GET", None, SpanKind.CLIENT, {})
+        assert live() == 2
+        child.end()
+        assert live() == 1
+    assert live() == 0
 
 
 class _OwnSpan(SdkSpan):

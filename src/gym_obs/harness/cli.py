@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import math
 import signal
 import sys
@@ -262,6 +263,11 @@ def _run(args: argparse.Namespace) -> int:
             linger_s=args.linger,
             report=not args.no_report,
         )
+        # This process is the driver from here to exit: its startup objects (imports, the plan) live as
+        # long as it, so no full collection needs to walk them while rollouts run (the servers freeze
+        # theirs too: gym_obs.server._heap). Not in run_harness: a caller's process may be long-lived.
+        gc.collect()
+        gc.freeze()
         summary = run_harness(options)
     except (HarnessError, FaultPlanError) as exc:
         print(f"gym-obs harness: error: {exc}", file=sys.stderr)

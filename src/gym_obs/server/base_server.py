@@ -29,6 +29,7 @@ from gym_obs.server._access_log import install_query_free_access_log
 from gym_obs.server._context import PathContext
 from gym_obs.server._disconnect import DEFAULT_WATCH_DELAY_S, DisconnectWatch
 from gym_obs.server._failure_reply import FailureReplies, boundary_for_server_type
+from gym_obs.server._heap import freeze_startup_heap
 from gym_obs.server._instrumentation import HEALTH_ROUTES
 from gym_obs.server._native_telemetry import disable_native_telemetry
 from gym_obs.server._profiler import profiler_for
@@ -411,4 +412,6 @@ def _worker_app() -> ASGIApp:
     if config is None or not name:
         raise ServerStartupError(f"{names.ENV_GLOBAL_CONFIG} and {names.ENV_SERVER_NAME} must be set")
     with app_build():
-        return load_server(name, config).build_app()
+        app = load_server(name, config).build_app()
+    freeze_startup_heap()
+    return app

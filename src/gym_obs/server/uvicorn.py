@@ -15,6 +15,7 @@ from typing import Any
 import uvicorn
 
 from gym_obs.config import GlobalAIOHTTPAsyncClientConfig, ServerInstanceConfig
+from gym_obs.server._heap import freeze_startup_heap
 from gym_obs.server._request_limits import LimitedHttpToolsProtocol, RequestLimits, attach_request_limits
 
 __all__ = [
@@ -257,13 +258,18 @@ def bind_listen_socket(
 def serve_uvicorn(
     config: uvicorn.Config, sock: socket.socket, *, on_exit: Callable[[], object] | None = None
 ) -> None:
-    """Run uvicorn on an already bound socket until SIGINT/SIGTERM; ``on_exit`` runs afterwards (flush)."""
+    """Run uvicorn on an already bound socket until SIGINT/SIGTERM; ``on_exit`` runs afterwards (flush).
+
+    A single process freezes its startup objects first (:mod:`gym_obs.server._heap`); each of several
+    workers freezes its own once its app is built (``_worker_app``).
+    """
     try:
         if config.workers > 1:
             from uvicorn.supervisors import Multiprocess
 
             Multiprocess(config, sockets=[sock]).run()
         else:
+            freeze_startup_heap()
             uvicorn.Server(config).run(sockets=[sock])
     finally:
         sock.close()

@@ -10,6 +10,9 @@ span has ended none of those containers can change: the copy keeps the plain dic
 (two tracked objects per span; a dict of str/int/bool values is not tracked at all). What exporters read is
 unchanged: ``attributes``, ``events``, ``links`` and the dropped counts (a container that dropped anything
 is kept as it is, so its count travels on).
+
+When these processors are the only ones, a trusted child span (``spans.start_trusted_span``) skips the
+SDK's processor calls, which do nothing here: :func:`queue_ended` builds its ended copy compact and queues it.
 """
 
 from __future__ import annotations
@@ -17,13 +20,14 @@ from __future__ import annotations
 from typing import Any, Final
 
 from opentelemetry.attributes import BoundedAttributes
-from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace import ReadableSpan, SynchronousMultiSpanProcessor
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.util import BoundedList
 
-__all__ = ["CompactBatchSpanProcessor", "compact_ended_span"]
+__all__ = ["CompactBatchSpanProcessor", "compact_batches", "compact_ended_span", "queue_ended"]
 
 _NONE: Final[tuple[Any, ...]] = ()
+_new_readable: Final = object.__new__
 
 
 def compact_ended_span(span: ReadableSpan) -> None:
@@ -31,13 +35,17 @@ def compact_ended_span(span: ReadableSpan) -> None:
     plain dict and tuples inside them, where nothing was dropped. Any other span type is left alone."""
     if type(span) is not ReadableSpan:
         return
-    attributes: Any = span._attributes
+    span._attributes = _plain_attributes(span._attributes)
+    span._events = _plain(span._events)
+    span._links = _plain(span._links)
+
+
+def _plain_attributes(attributes: Any) -> Any:
     if type(attributes) is BoundedAttributes and not attributes.dropped:
         items = getattr(attributes, "_dict", None)
         if type(items) is dict:
-            span._attributes = items
-    span._events = _plain(span._events)
-    span._links = _plain(span._links)
+            return items
+    return attributes
 
 
 def _plain(items: Any) -> Any:
@@ -55,3 +63,54 @@ class CompactBatchSpanProcessor(BatchSpanProcessor):
     def on_end(self, span: ReadableSpan) -> None:
         compact_ended_span(span)
         super().on_end(span)
+
+
+# The span processor last looked at, its processors then, and what compact_batches answered.
+_batches_checked: tuple[object, object, tuple[CompactBatchSpanProcessor, ...] | None] = (None, None, None)
+
+
+def compact_batches(processor: object) -> tuple[CompactBatchSpanProcessor, ...] | None:
+    """The processors behind a tracer provider's ``processor`` when every one is exactly a
+    :class:`CompactBatchSpanProcessor` (gym_obs's own exporters, as ``setup_telemetry`` builds them), else
+    None. Such processors do nothing at a span's start or while it ends, and each queues the same ended copy:
+    what :func:`queue_ended` does for them. Checked again when a processor is added."""
+    global _batches_checked
+    processors = getattr(processor, "_span_processors", None)
+    checked, seen, batches = _batches_checked
+    if processor is checked and processors is seen:
+        return batches
+    batches = None
+    if (
+        type(processor) is SynchronousMultiSpanProcessor
+        and type(processors) is tuple
+        and processors
+        and all(type(each) is CompactBatchSpanProcessor for each in processors)
+    ):
+        batches = processors
+    _batches_checked = (processor, processors, batches)
+    return batches
+
+
+def queue_ended(span: Any, batches: tuple[CompactBatchSpanProcessor, ...]) -> None:
+    """What ``Span.end`` hands ``batches`` (``on_end(span._readable_span())``, compacted), for an SDK span
+    that has just ended: the read-only copy is made with its fields set directly, already compact, and
+    queued to each batch, unless the span is not sampled (``BatchSpanProcessor.on_end`` drops it)."""
+    context = span._context
+    if not (context and context.trace_flags.sampled):
+        return
+    readable: Any = _new_readable(ReadableSpan)
+    readable._name = span._name
+    readable._context = context
+    readable._kind = span._kind
+    readable._instrumentation_info = span._instrumentation_info
+    readable._instrumentation_scope = span._instrumentation_scope
+    readable._parent = span._parent
+    readable._start_time = span._start_time
+    readable._end_time = span._end_time
+    readable._attributes = _plain_attributes(span._attributes)
+    readable._events = _plain(span._events)
+    readable._links = _plain(span._links)
+    readable._resource = span._resource
+    readable._status = span._status
+    for batch in batches:
+        batch._batch_processor.emit(readable)

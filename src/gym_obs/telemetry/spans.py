@@ -8,17 +8,22 @@ With telemetry off it costs one flag check and yields the shared no-op span.
 from __future__ import annotations
 
 import asyncio
+import inspect
+import threading
 import traceback
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from time import time_ns
 from typing import Any, Final
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.context import Context
+from opentelemetry.sdk.trace import ReadableSpan, _Span
 from opentelemetry.sdk.trace import Tracer as _SdkTracer
-from opentelemetry.sdk.trace import _Span
+from opentelemetry.sdk.trace import logger as _sdk_logger
+from opentelemetry.sdk.trace._tracer_metrics import noop as _noop
 from opentelemetry.sdk.trace.sampling import Decision, ParentBased, StaticSampler, TraceIdRatioBased
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.version import __version__ as _sdk_version
@@ -39,6 +44,7 @@ from gym_obs.telemetry._state import STATE
 from gym_obs.telemetry._types import AttributeValue
 from gym_obs.telemetry.bodies import bounded_excerpt
 from gym_obs.telemetry.redaction import redact_url, scrub_text
+from gym_obs.telemetry.span_batches import compact_batches, queue_ended
 
 __all__ = [
     "CLIENT_KIND",
@@ -281,8 +287,36 @@ class _LeanSpan(_Span):
                 self._links = BoundedList(self._limits.max_links)
         super()._add_link(link)
 
+    def end(self, end_time: int | None = None) -> None:
+        """``Span.end``'s steps, with the ended copy queued by :func:`queue_ended` when gym_obs's batch
+        processors are the only ones (they do nothing while a span ends); else the SDK's own."""
+        batches = compact_batches(self._span_processor)
+        if batches is None:
+            super().end(end_time)
+            return
+        lock = self._lock
+        lock.acquire()
+        try:
+            if self._start_time is None:
+                raise RuntimeError("Calling end() on a not started span.")
+            if self._end_time is not None:
+                _sdk_logger.warning("Calling end() on an ended span.")
+                return
+            self._end_time = end_time if end_time is not None else time_ns()
+            self._attributes._immutable = True  # type: ignore[union-attr]
+        finally:
+            lock.release()
+        record_end_metrics = self._record_end_metrics
+        if record_end_metrics is not None and record_end_metrics is not _noop:
+            record_end_metrics()
+        queue_ended(self, batches)
+
 
 DIRECT_SPAN_TYPES.add(_LeanSpan)  # its fields are the SDK span's
+_new_span: Final = object.__new__
+_new_lock: Final = threading.Lock
+# The status every SDK span starts with: ``ReadableSpan.__init__``'s default, one shared object.
+_UNSET_STATUS: Final = inspect.signature(ReadableSpan.__init__).parameters["status"].default
 
 
 def _always_samples(sampler: object) -> bool:
@@ -340,32 +374,47 @@ def _sampled_child(
         trace_state=parent.trace_state,
     )
     record_end_metrics = sdk_tracer._tracer_metrics.start_span(parent, _RECORD_AND_SAMPLE)
-    span = _LeanSpan(
-        name=name,
-        context=span_context,
-        parent=parent,
-        sampler=sampler,
-        resource=sdk_tracer.resource,
-        attributes=None,
-        span_processor=sdk_tracer.span_processor,
-        kind=kind,
-        links=(),
-        instrumentation_info=sdk_tracer.instrumentation_info,
-        record_exception=True,
-        set_status_on_exception=True,
-        limits=sdk_tracer._span_limits,
-        instrumentation_scope=sdk_tracer._instrumentation_scope,
-        record_end_metrics=record_end_metrics,
+    processor = sdk_tracer.span_processor
+    limits = sdk_tracer._span_limits
+    # ``_LeanSpan(...)``: the fields ``Span.__init__`` sets (``ReadableSpan``'s, then the span's own), set
+    # here without its chain of calls and keyword binding; its attribute store is made as it makes it.
+    span: Any = _new_span(_LeanSpan)
+    span._name = name
+    span._context = span_context
+    span._kind = kind
+    span._instrumentation_info = sdk_tracer.instrumentation_info
+    span._instrumentation_scope = sdk_tracer._instrumentation_scope
+    span._parent = parent
+    span._start_time = None
+    span._end_time = None
+    span._resource = sdk_tracer.resource
+    span._status = _UNSET_STATUS
+    span._sampler = sampler
+    span._trace_config = None
+    span._record_exception = True
+    span._set_status_on_exception = True
+    span._span_processor = processor
+    span._limits = limits
+    span._lock = _new_lock()
+    store = span._attributes = BoundedAttributes(
+        limits.max_span_attributes, None, immutable=False, max_value_len=limits.max_span_attribute_length
     )
+    span._events = ()
+    span._links = ()
+    span._record_end_metrics = record_end_metrics
     # Nobody else holds the span before ``start``: the store takes the attributes without its lock, when
     # its limits cannot change a value or drop one (else the public path, which applies them).
-    items = _plain_store(span._attributes, len(attributes))
+    items = _plain_store(store, len(attributes))
     if items is not None:
         items.update(attributes)
     else:
         span.set_attributes(attributes)
-    span.start(start_time=start_time, parent_context=context)
-    return span
+    if compact_batches(processor) is None:
+        span.start(start_time=start_time, parent_context=context)
+    else:  # ``start``'s steps: gym_obs's batch processors do nothing when a span starts
+        span._start_time = start_time if start_time is not None else time_ns()
+    made: Span = span
+    return made
 
 
 def set_span_error(span: Span, error_type: str) -> None:
