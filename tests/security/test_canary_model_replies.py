@@ -72,6 +72,19 @@ def canary_model_app() -> FastAPI:
             return JSONResponse(usual)
         return JSONResponse(_reply(f"token={CANARY}"))
 
+    @app.post("/v1/responses")
+    async def responses() -> Response:
+        # the usual Responses object, which the model-call layers read in one step: canaries in its names
+        usual = {
+            "id": f"sk-{CANARY}",  # a key where the id goes: scrubbed (a plain id is kept, as any id is)
+            "object": "response",
+            "model": f"token={CANARY}",
+            "status": "completed",
+            "output": [{"type": "message", "content": [{"type": "output_text", "text": "hi"}]}],
+            "usage": {"input_tokens": 3, "output_tokens": 2},
+        }
+        return JSONResponse(usual)
+
     @app.post("/v1/messages")
     async def messages(request: Request) -> Response:
         async def events() -> AsyncIterator[bytes]:
@@ -124,14 +137,17 @@ async def test_a_canary_in_a_model_reply_reaches_no_span_and_no_metric(
     stream = await request("POST", BASE + names.GEN_AI_ROUTE_MESSAGES, json={"model": f"token={CANARY}"})
     assert any(CANARY.encode() in data for data in [d async for d in iter_sse_data(stream)])
     await get_response_json(await request("POST", chat, json={"model": "m", "long": True}))
+    usual = await get_response_json(await request("POST", BASE + names.GEN_AI_ROUTE_RESPONSES, json={}))
+    assert CANARY in usual["id"] and CANARY in usual["model"]
 
     calls = [
         dict(s.attributes or {})
         for s in telemetry.spans()
         if s.kind is SpanKind.CLIENT and names.ATTR_GEN_AI_OPERATION_NAME in (s.attributes or {})
     ]
-    assert len(calls) == 4
+    assert len(calls) == 5
     assert {a[names.ATTR_GEN_AI_OUTCOME] for a in calls} == {"ok", "upstream_error"}
+    assert calls[-1][names.ATTR_GEN_AI_USAGE_INPUT_TOKENS] == 3  # the usual Responses object was read
     assert calls[0][names.ATTR_GEN_AI_RESPONSE_FINISH_REASONS] == (names.GEN_AI_FINISH_OTHER,)
     assert all(len(str(a.get(names.ATTR_GEN_AI_RESPONSE_MODEL, ""))) <= 256 for a in calls)
     assert CANARY not in everything(telemetry)
@@ -153,12 +169,16 @@ async def test_a_canary_in_a_model_request_or_reply_reaches_no_server_span_and_n
         assert any(CANARY.encode() in data for data in [d async for d in iter_sse_data(stream)])
         failed = await request("POST", chat, json={"model": f"secret={CANARY}", "fail": True})
         assert failed.status == 500 and CANARY in (await failed.text())
+        usual = await get_response_json(await request("POST", base + names.GEN_AI_ROUTE_RESPONSES, json={}))
+        assert CANARY in usual["id"] and CANARY in usual["model"]
     served = [
         dict(s.attributes or {})
         for s in telemetry.spans()
         if s.kind is SpanKind.SERVER and names.ATTR_GEN_AI_OPERATION_NAME in (s.attributes or {})
     ]
-    assert len(served) == 4  # the layer saw every call (and put its names on the span, scrubbed)
+    assert len(served) == 5  # the layer saw every call (and put its names on the span, scrubbed)
+    responses = [a for a in served if a[names.ATTR_GEN_AI_OPERATION_NAME] == names.GEN_AI_OPERATION_RESPONSES]
+    assert len(responses) == 1 and responses[0][names.ATTR_GEN_AI_USAGE_OUTPUT_TOKENS] == 2
     # the usual reply (read and recorded in one step) kept its plain id and counts, and no raw model
     usual_spans = [a for a in served if a.get(names.ATTR_GEN_AI_RESPONSE_ID) == "chatcmpl-0123abc"]
     assert len(usual_spans) == 1 and usual_spans[0][names.ATTR_GEN_AI_USAGE_INPUT_TOKENS] == 3

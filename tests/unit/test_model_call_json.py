@@ -1,7 +1,8 @@
 """The model-call layer's JSON reader and its usual-reply record step give what the general ones give.
 
 The layer reads the usual chat reply (one choice with a finish reason, both counts, no details, a printable
-model, a plain-word id) in one frame and records it in one step; everything else goes through genai's
+model, a plain-word id) and the usual Responses object (completed, both counts, no details, named) in one
+frame and records it in one step; everything else goes through genai's
 general reader and the general record step. These tests hold the fast paths to the general ones: reply by
 reply on the facts (hostile variants of the usual reply included), and call by call on what a span and the
 metrics get.
@@ -18,12 +19,13 @@ from typing import Any
 import pytest
 from opentelemetry import trace
 
-from gym_obs.server._model_call_read import read_json_reply
 from gym_obs.server.model_calls import ModelCallMiddleware
 from gym_obs.telemetry import names
 from gym_obs.telemetry.genai import MAX_TOKENS, ReplyFacts, facts_from_json
 from gym_obs.telemetry.testing import Capture
+from gym_obs.telemetry.usual_reply import read_json_reply
 
+CHAT_REASONS = {"stop": "stop", "length": "length"}
 CHAT, RESPONSES, MESSAGES = (
     names.GEN_AI_OPERATION_CHAT, names.GEN_AI_OPERATION_RESPONSES, names.GEN_AI_OPERATION_MESSAGES
 )
@@ -116,8 +118,68 @@ USUAL: frozenset[str] = frozenset(
     {
         "usual", "finish length", "finish unknown", "index 3", "index a bool", "index a str", "no index",
         "details null", "count at the limit", "model at the limit", "model a secret", "id at the limit",
+        "id with a space", "id a key", "id base62", "id unicode",
     }
 )
+def _usual_response() -> dict[str, Any]:
+    return {
+        "id": "resp_0123456789abcdef",
+        "object": "response",
+        "model": "m",
+        "status": "completed",
+        "output": [
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "hi"}]}
+        ],
+        "usage": {"input_tokens": 3, "output_tokens": 2, "total_tokens": 5},
+    }
+
+
+_NAMES = ("model", "id", "no model", "no id")
+# One change each to the usual Responses object (its model and id changes are the chat reply's).
+RESPONSE_CHANGES: dict[str, Callable[[dict[str, Any]], None]] = {
+    "usual": lambda reply: None,
+    "a tool call": _set(("output",), [{"type": "message"}, {"type": "function_call", "name": "f"}]),
+    "an odd item after a tool call": _set(("output",), [{"type": "mcp_call"}, {"type": ["x"]}]),
+    "output empty": _set(("output",), []),
+    "item not a dict": _set(("output",), ["function_call"]),
+    "item type a list": _set(("output", 0, "type"), ["function_call"]),
+    "item type a number": _set(("output", 0, "type"), 7),
+    "item type null": _set(("output", 0, "type"), None),
+    "no item type": _drop(("output", 0, "type")),
+    "no output": _drop(("output",)),
+    "output a dict": _set(("output",), {"type": "function_call"}),
+    "status incomplete": _set(("status",), "incomplete"),
+    "status failed": _set(("status",), "failed"),
+    "status in progress": _set(("status",), "in_progress"),
+    "status a number": _set(("status",), 7),
+    "no status": _drop(("status",)),
+    "no usage": _drop(("usage",)),
+    "usage null": _set(("usage",), None),
+    "usage a list": _set(("usage",), [3, 2]),
+    "no input count": _drop(("usage", "input_tokens")),
+    "no output count": _drop(("usage", "output_tokens")),
+    "count a bool": _set(("usage", "input_tokens"), True),
+    "count a float": _set(("usage", "output_tokens"), 2.0),
+    "count negative": _set(("usage", "input_tokens"), -1),
+    "count at the limit": _set(("usage", "input_tokens"), MAX_TOKENS),
+    "count over the limit": _set(("usage", "output_tokens"), MAX_TOKENS + 1),
+    "count a str": _set(("usage", "input_tokens"), "3"),
+    "details null": _set(("usage", "input_tokens_details"), None),
+    "cached details": _set(("usage", "input_tokens_details"), {"cached_tokens": 1}),
+    "reasoning details": _set(("usage", "output_tokens_details"), {"reasoning_tokens": 1}),
+    "empty details": _set(("usage", "output_tokens_details"), {}),
+    "bad details": _set(("usage", "output_tokens_details"), {"reasoning_tokens": -4}),
+    **{name: change for name, change in CHANGES.items() if name.startswith(_NAMES)},
+}
+RESPONSE_USUAL: frozenset[str] = frozenset(
+    {
+        "usual", "a tool call", "an odd item after a tool call", "output empty", "item not a dict",
+        "count at the limit", "details null", "model at the limit", "model a secret", "id at the limit",
+        "id with a space", "id a key", "id base62", "id unicode",
+    }
+)
+
+
 RAW_BODIES = {
     "empty": b"",
     "truncated": json.dumps(_usual()).encode()[:-7],
@@ -128,13 +190,20 @@ RAW_BODIES = {
 }
 
 
-def _bodies() -> list[tuple[str, bytes]]:
+_Change = Callable[[dict[str, Any]], None]
+
+
+def _bodies(usual: Callable[[], dict[str, Any]], changes: dict[str, _Change]) -> list[tuple[str, bytes]]:
     bodies = list(RAW_BODIES.items())
-    for name, change in CHANGES.items():
-        reply = copy.deepcopy(_usual())
+    for name, change in changes.items():
+        reply = copy.deepcopy(usual())
         change(reply)
         bodies.append((name, json.dumps(reply).encode()))
     return bodies
+
+
+CHAT_BODIES = _bodies(_usual, CHANGES)
+RESPONSE_BODIES = _bodies(_usual_response, RESPONSE_CHANGES)
 
 
 def _facts_view(facts: ReplyFacts) -> tuple[Any, ...]:
@@ -149,24 +218,43 @@ def _facts_view(facts: ReplyFacts) -> tuple[Any, ...]:
     return (*seen, facts.finish_tuple())
 
 
-@pytest.mark.parametrize("operation", [CHAT, RESPONSES, MESSAGES])
-@pytest.mark.parametrize(("case", "body"), _bodies(), ids=[name for name, _ in _bodies()])
-def test_the_layers_reader_gives_the_general_readers_facts(operation: str, case: str, body: bytes) -> None:
+def _check_reader(operation: str, body: bytes, usual_expected: bool) -> None:
     fast = ReplyFacts()
     usual = read_json_reply(operation, body, fast)
     general = facts_from_json(operation, body)
-    assert (usual is not None) == (operation == CHAT and case in USUAL)
+    assert (usual is not None) == usual_expected
     if usual is not None:  # what the record step relies on
         assert usual == general.finish_tuple() and len(usual) == 1
         assert general.problem is None
         assert general.reasoning_tokens is None and general.cached_input_tokens is None
         assert general.input_tokens is not None and general.output_tokens is not None
-        assert general.span_response_id() == general.response_id
     assert _facts_view(fast) == _facts_view(general)
 
 
-def _run(capture: Capture, scope_name: str, replies: list[list[Any]], provider: str | None) -> None:
-    """Calls through the layer inside SERVER spans of ``scope_name``, each replying with its body parts."""
+@pytest.mark.parametrize("operation", [CHAT, RESPONSES, MESSAGES])
+@pytest.mark.parametrize(("case", "body"), CHAT_BODIES, ids=[name for name, _ in CHAT_BODIES])
+def test_the_layers_reader_gives_the_general_readers_facts(operation: str, case: str, body: bytes) -> None:
+    _check_reader(operation, body, operation == CHAT and case in USUAL)
+
+
+@pytest.mark.parametrize("operation", [CHAT, RESPONSES, MESSAGES])
+@pytest.mark.parametrize(("case", "body"), RESPONSE_BODIES, ids=[name for name, _ in RESPONSE_BODIES])
+def test_the_layers_reader_gives_the_general_readers_facts_for_responses_objects(
+    operation: str, case: str, body: bytes
+) -> None:
+    usual = operation == RESPONSES and case in RESPONSE_USUAL and case not in RAW_BODIES
+    _check_reader(operation, body, usual)
+
+
+def _run(
+    capture: Capture,
+    scope_name: str,
+    replies: list[list[Any]],
+    provider: str | None,
+    path: str = "/v1/chat/completions",
+) -> None:
+    """Calls to ``path`` through the layer inside SERVER spans of ``scope_name``, each replying with its
+    body parts."""
     tracer = capture.tracer_provider.get_tracer(scope_name)
     contrib = scope_name != names.INSTRUMENTATION_SCOPE
     current: list[list[Any]] = [[]]
@@ -188,14 +276,14 @@ def _run(capture: Capture, scope_name: str, replies: list[list[Any]], provider: 
     async def run() -> None:
         for parts in replies:
             current[0] = parts
-            span = tracer.start_span("POST /v1/chat/completions", kind=trace.SpanKind.SERVER)
+            span = tracer.start_span(f"POST {path}", kind=trace.SpanKind.SERVER)
 
             async def send(message: dict[str, Any], span: Any = span) -> None:
                 if contrib and message["type"] == "http.response.body" and not message.get("more_body"):
                     span.end()
 
             with trace.use_span(span, end_on_exit=not contrib):
-                await layer({"type": "http", "path": "/v1/chat/completions", "method": "POST"}, receive, send)
+                await layer({"type": "http", "path": path, "method": "POST"}, receive, send)
 
     asyncio.run(run())
 
@@ -226,22 +314,47 @@ def _recorded(capture: Capture) -> tuple[list[list[tuple[str, Any]]], list[tuple
     return spans, sorted(points, key=repr)
 
 
+#: A reply id of each kind: a plain word (its own scrub), one that is not (``_``), a key (scrubbed).
+REPLY_IDS = ("chatcmpl-0123456789abcdef", "resp_0123456789abcdef", "sk-" + "B" * 24)
+
+
+def _usual_of(dialect: str, finish: str) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """A usual reply of ``dialect`` finishing with ``finish``, the same reply with empty token details
+    (the general path, the same facts), and its route."""
+    if dialect == CHAT:
+        usual = _usual()
+        usual["choices"][0]["finish_reason"] = finish
+        details = "completion_tokens_details"
+        path = "/v1/chat/completions"
+    else:
+        usual = _usual_response()
+        if finish == "tool":
+            usual["output"].append({"type": "function_call", "name": "f", "arguments": "{}"})
+        details = "output_tokens_details"
+        path = "/v1/responses"
+    general = copy.deepcopy(usual)
+    general["usage"][details] = {}
+    return usual, general, path
+
+
 @pytest.mark.parametrize("scope_name", [names.INSTRUMENTATION_SCOPE, "opentelemetry.instrumentation.asgi"])
 @pytest.mark.parametrize("provider", [None, "vllm"])
-@pytest.mark.parametrize("finish", ["stop", "length", "weird"])
+@pytest.mark.parametrize(
+    ("dialect", "finish"),
+    [(CHAT, "stop"), (CHAT, "length"), (CHAT, "weird"), (RESPONSES, "stop"), (RESPONSES, "tool")],
+)
+@pytest.mark.parametrize("reply_id", REPLY_IDS)
 def test_a_usual_reply_records_what_the_general_steps_record(
-    telemetry: Capture, scope_name: str, provider: str | None, finish: str
+    telemetry: Capture, scope_name: str, provider: str | None, dialect: str, finish: str, reply_id: str
 ) -> None:
-    """The same reply, once usual and once with empty token details (the general path, the same facts):
-    the same span attributes in the same order, and the same metric points."""
-    usual = _usual()
-    usual["choices"][0]["finish_reason"] = finish
-    general = copy.deepcopy(usual)
-    general["usage"]["completion_tokens_details"] = {}
+    """The same reply, once usual and once with empty token details: the same span attributes in the
+    same order, and the same metric points; an id that is a key is scrubbed on the span either way."""
+    usual, general, path = _usual_of(dialect, finish)
     seen = []
     for reply in (usual, general):
+        reply["id"] = reply_id
         telemetry.clear()
-        _run(telemetry, scope_name, [[json.dumps(reply).encode()]] * 2, provider)
+        _run(telemetry, scope_name, [[json.dumps(reply).encode()]] * 2, provider, path)
         seen.append(_recorded(telemetry))
     assert seen[0] == seen[1]
     spans, points = seen[0]
@@ -250,7 +363,11 @@ def test_a_usual_reply_records_what_the_general_steps_record(
         names.ATTR_GEN_AI_OPERATION_NAME, names.ATTR_GEN_AI_OUTCOME, names.ATTR_GEN_AI_STREAMED
     ]
     ids = [dict(span.attributes or {})[names.ATTR_GEN_AI_RESPONSE_ID] for span in telemetry.spans()]
-    assert ids == ["chatcmpl-0123456789abcdef"] * 2
+    assert ids == [reply_id if not reply_id.startswith("sk-") else ids[0]] * 2
+    assert all("B" * 24 not in value for value in ids)
+    finish_key = names.ATTR_GEN_AI_RESPONSE_FINISH_REASONS
+    reasons = [dict(span.attributes or {})[finish_key] for span in telemetry.spans()]
+    assert reasons == [("tool_call",) if finish == "tool" else (CHAT_REASONS.get(finish, "other"),)] * 2
 
 
 @pytest.mark.parametrize(

@@ -78,13 +78,13 @@ from gym_obs.telemetry.genai import (
     ReplyFacts,
     SseEvents,
     clean_name,
-    facts_from_json,
     span_text,
     update_from_event,
 )
 from gym_obs.telemetry.metrics import AttributeCache, Instruments
 from gym_obs.telemetry.spans import record_exception, set_span_error, set_trusted_attributes
 from gym_obs.telemetry.tally import RolloutTally, current_rollout
+from gym_obs.telemetry.usual_reply import read_json_reply
 
 __all__ = [
     "MAX_JSON_BYTES",
@@ -313,7 +313,7 @@ class _ModelCall:
                 self.stream_done(reader.pending or reader.dropped)
                 return
             else:
-                facts_from_json(self.operation, body, facts)
+                read_json_reply(self.operation, body, facts)
         except Exception:
             _internal_failure()
         self._finish(names.GEN_AI_OUTCOME_OK)

@@ -33,7 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gym_obs.config import MODEL_CALLS_CONFIG_KEY, ConfigError, model_calls_enabled
 from gym_obs.server._model_call_points import TOKEN_SPAN_KEYS
-from gym_obs.server._model_call_read import event_data, late_event, read_json_reply
+from gym_obs.server._model_call_read import event_data, late_event
 from gym_obs.server._model_call_shape import CallShapes
 from gym_obs.server._model_call_span import ends_with_the_app, server_span
 from gym_obs.telemetry import names
@@ -48,6 +48,7 @@ from gym_obs.telemetry.genai import (
 )
 from gym_obs.telemetry.metrics import Instruments
 from gym_obs.telemetry.spans import set_trusted_attributes
+from gym_obs.telemetry.usual_reply import read_json_reply
 
 __all__ = [
     "ModelCallConfig",
@@ -503,11 +504,11 @@ class ModelCallMiddleware:
         span = call.span
         exemplar = pre.exemplar_for(span) if pre is not None else None
         if usual is not None and outcome == _OK:
-            # the usual chat reply (read_json_reply's: both counts, one finish reason, a plain-word id, no
+            # the usual chat or Responses reply (read_json_reply's: both counts, one finish reason, no
             # problem): what the general steps below record for it, in one go
             given: Any = call.input_tokens  # ints here (Any: the facts' fields are typed for any reply)
             made: Any = call.output_tokens
-            reply_id: Any = call.response_id  # a plain word: its own scrub
+            reply_id: Any = call.span_response_id()  # a str here (a plain word is its own scrub)
             tokens = points.tokens
             points.emit(
                 [

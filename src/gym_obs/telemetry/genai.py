@@ -25,6 +25,7 @@ __all__ = [
     "MAX_TOKENS",
     "ONE_FINISH",
     "ROUTE_OPERATIONS",
+    "TOOL_ITEMS",
     "ReplyFacts",
     "SseEvents",
     "dialect_for_path",
@@ -71,7 +72,8 @@ _RESPONSES_INCOMPLETE: Final = {
     "max_output_tokens": names.GEN_AI_FINISH_LENGTH,
     "content_filter": names.GEN_AI_FINISH_CONTENT_FILTER,
 }
-_TOOL_ITEMS: Final = frozenset(
+#: The Responses output item types that are tool calls (a completed reply with one finished to call it).
+TOOL_ITEMS: Final = frozenset(
     {"function_call", "custom_tool_call", "mcp_call", "computer_call", "local_shell_call", "shell_call"}
 )
 _RESPONSES_FINAL_EVENTS: Final = frozenset({"response.completed", "response.incomplete", "response.failed"})
@@ -357,7 +359,7 @@ def _responses_object(facts: ReplyFacts, response: object) -> None:
     if status == "completed":
         output = response.get("output")
         calls = isinstance(output, list) and any(
-            isinstance(item, dict) and item.get("type") in _TOOL_ITEMS for item in output
+            isinstance(item, dict) and item.get("type") in TOOL_ITEMS for item in output
         )
         facts.add_finish(names.GEN_AI_FINISH_TOOL_CALL if calls else names.GEN_AI_FINISH_STOP)
     elif status == "incomplete":
