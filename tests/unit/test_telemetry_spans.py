@@ -332,6 +332,15 @@ _SAMPLERS = {
 }
 
 
+#: The ParentBased delegate that decides each parent case (an unsampled parent's: never the fast steps).
+_DELEGATES = {
+    "no_parent": "_root",
+    "local_sampled": "_local_parent_sampled",
+    "current_local": "_local_parent_sampled",
+    "remote_sampled_random": "_remote_parent_sampled",
+}
+
+
 def _fields(span: ReadableSpan, new_trace: bool) -> tuple[object, ...]:
     context = span.context
     assert context is not None
@@ -361,8 +370,10 @@ def test_start_trusted_span_makes_the_span_start_span_would(sampler_case: str, p
     else:
         context = make(tracer)  # type: ignore[operator]
     try:
-        tracer.start_span("GET", context, SpanKind.CLIENT, attrs, start_time=5).end(end_time=7)
-        start_trusted_span(tracer, "GET", context, SpanKind.CLIENT, attrs, 5).end(end_time=7)
+        sdk_span = tracer.start_span("GET", context, SpanKind.CLIENT, attrs, start_time=5)
+        sdk_span.end(end_time=7)
+        trusted_span = start_trusted_span(tracer, "GET", context, SpanKind.CLIENT, attrs, 5)
+        trusted_span.end(end_time=7)
     finally:
         if token is not None:
             otel_context.detach(token)
@@ -371,6 +382,12 @@ def test_start_trusted_span_makes_the_span_start_span_would(sampler_case: str, p
         assert parent_case == "remote_unsampled" and recorder.started == []
         return
     sdk_made, trusted = made
+    # where a ParentBased sampler always samples the case (a sampled parent's child, a root), the SDK's
+    # steps are taken in one frame, which makes gym_obs's own span class
+    delegate = _DELEGATES.get(parent_case)
+    one_frame = isinstance(sampler, ParentBased) and getattr(sampler, delegate or "", None) is ALWAYS_ON
+    assert (type(trusted_span) is not type(sdk_span)) == one_frame
+    assert one_frame or sampler_case != "parentbased_always_on"
     new_trace = parent_case == "no_parent"
     assert _fields(trusted, new_trace) == _fields(sdk_made, new_trace)
     assert dict(trusted.attributes or {}) == attrs
@@ -387,6 +404,23 @@ def test_start_trusted_span_makes_the_span_start_span_would(sampler_case: str, p
         assert sampler.seen[-2:] == [attrs, attrs]  # a sampler that may read them still gets them at start
         health = {names.ATTR_URL_FULL: "http://h/health"}
         assert not start_trusted_span(tracer, "GET", context, SpanKind.CLIENT, health).is_recording()
+
+
+def test_several_tracers_of_a_provider_each_take_the_one_frame_steps() -> None:
+    """A process with more than one tracer (the harness driver's and the client's) keeps every one on the
+    fast steps, alternating (each is checked once, not at every switch)."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracers = [provider.get_tracer("one"), provider.get_tracer("two")]
+    assert tracers[0] is not tracers[1]
+    made = [start_trusted_span(tracers[i % 2], "GET", None, SpanKind.CLIENT, {"k": i}) for i in range(4)]
+    for span in made:
+        span.end()
+    sdk_type = type(tracers[0].start_span("sdk"))
+    assert all(type(span) is not sdk_type and isinstance(span, sdk_type) for span in made)  # one frame
+    scopes = [s.instrumentation_scope.name for s in exporter.get_finished_spans()[:4]]  # type: ignore[union-attr]
+    assert scopes == ["one", "two", "one", "two"]
 
 
 @pytest.mark.parametrize("limits", [SpanLimits(max_attribute_length=4), SpanLimits(max_span_attributes=1)])

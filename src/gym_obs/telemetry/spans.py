@@ -222,13 +222,13 @@ def start_trusted_span(
     as for :func:`set_trusted_attributes`): the same span, for less.
 
     The SDK cleans every attribute given at start (several k instructions each). A child of a sampled
-    parent under the SDK's default sampler (every gym hop's CLIENT span) is started by
-    :func:`_sampled_child`, with the attributes in place before span processors see it; otherwise, when
-    the sampler cannot look at attributes (the SDK's static, ratio and parent-based samplers), the span is
-    started without them and they are put in its store in one go, as ``gym_obs``' SERVER span does. A
-    sampler that may read them gets them at start, as before.
+    parent, or a root, under the SDK's default sampler (every gym hop's CLIENT span, a rollout's first
+    span) is started by :func:`_sampled_span`, with the attributes in place before span processors see it;
+    otherwise, when the sampler cannot look at attributes (the SDK's static, ratio and parent-based
+    samplers), the span is started without them and they are put in its store in one go, as ``gym_obs``'
+    SERVER span does. A sampler that may read them gets them at start, as before.
     """
-    span = _sampled_child(tracer, name, context, kind, attributes, start_time)
+    span = _sampled_span(tracer, name, context, kind, attributes, start_time)
     if span is not None:
         return span
     if not _attribute_blind(tracer):
@@ -238,7 +238,7 @@ def start_trusted_span(
     return span
 
 
-# SDK releases whose ``Tracer.start_span`` _sampled_child was checked against, step by step (tests compare
+# SDK releases whose ``Tracer.start_span`` _sampled_span was checked against, step by step (tests compare
 # the two spans); any other release takes ``start_span`` itself.
 _CHECKED_SDK_RELEASES: Final = ("1.45.",)
 _FAST_SDK: Final = _sdk_version.startswith(_CHECKED_SDK_RELEASES)
@@ -253,10 +253,12 @@ _TRACER_FIELDS: Final = (
     "_tracer_config",
     "_tracer_metrics",
 )
-# The tracer last looked at, and whether it has every field _sampled_child reads.
-_tracer_checked: tuple[object, bool] = (None, False)
+# Tracers looked at (by id, kept alive so an id stays theirs) and whether each has every field _sampled_span
+# reads: a process may use several (the harness driver's own and the client's), each checked once.
+_tracers_checked: dict[int, tuple[object, bool]] = {}
+_MAX_TRACERS_CHECKED: Final = 64
 _RECORD_AND_SAMPLE: Final = Decision.RECORD_AND_SAMPLE  # every child span needs it (read once, as the kinds)
-# A sampled child's trace flags, by its parent's random-trace-id bit (the SDK's start_span sets no other).
+# A sampled span's trace flags, by whether its trace id is random (the SDK's start_span sets no other).
 _CHILD_FLAGS: Final = (
     TraceFlags(TraceFlags.SAMPLED),
     TraceFlags(TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID),
@@ -326,7 +328,7 @@ def _always_samples(sampler: object) -> bool:
     )
 
 
-def _sampled_child(
+def _sampled_span(
     tracer: Tracer,
     name: str,
     context: Context | None,
@@ -334,44 +336,60 @@ def _sampled_child(
     attributes: Mapping[str, AttributeValue],
     start_time: int | None,
 ) -> Span | None:
-    """The SDK ``Tracer.start_span``'s steps for its most common case, else None: a valid sampled parent and
-    a ``ParentBased`` sampler that always samples such a child (the default, ``parentbased_always_on``).
+    """The SDK ``Tracer.start_span``'s steps for its most common cases, else None: a valid sampled parent,
+    or none (a root), under a ``ParentBased`` sampler that always samples such a span (the default,
+    ``parentbased_always_on``).
 
     ``start_span`` asks the sampler (three look-ups of the parent and two result objects to learn what the
-    parent's flags already say) and cleans every attribute; here the decision is read from the parent and
-    the attributes, valid at the source, are put in place before ``span.start`` (so span processors see
-    them at start, as with ``start_span``). Everything else is what ``start_span`` does, in its order: the
-    same span context (the parent's trace id and trace state, a new span id), the tracer's metrics, the
-    span's fields, ``start``.
+    parent's flags already say) and cleans every attribute; here the decision is read from the parent (or
+    the root sampler) and the attributes, valid at the source, are put in place before ``span.start`` (so
+    span processors see them at start, as with ``start_span``). Everything else is what ``start_span``
+    does, in its order: the same span context (the parent's trace id and trace state, or a new trace id and
+    none; a new span id), the tracer's metrics, the span's fields, ``start``.
     """
-    global _tracer_checked
     if not _FAST_SDK or type(tracer) is not _SdkTracer:
         return None
-    checked, complete = _tracer_checked
-    if tracer is not checked:
-        complete = all(hasattr(tracer, field) for field in _TRACER_FIELDS)
-        _tracer_checked = (tracer, complete)
-    if not complete:
-        return None
-    parent = trace.get_current_span(context).get_span_context()
-    flags = parent.trace_flags
-    if not (flags & TraceFlags.SAMPLED and parent.is_valid):
+    checked = _tracers_checked.get(id(tracer))
+    if checked is None or checked[0] is not tracer:
+        if len(_tracers_checked) >= _MAX_TRACERS_CHECKED:
+            _tracers_checked.clear()
+        checked = _tracers_checked[id(tracer)] = (tracer, all(hasattr(tracer, f) for f in _TRACER_FIELDS))
+    if not checked[1]:
         return None
     sdk_tracer: Any = tracer
     sampler = sdk_tracer.sampler
     if type(sampler).should_sample is not ParentBased.should_sample:
         return None
-    delegate = getattr(
-        sampler, "_remote_parent_sampled" if parent.is_remote else "_local_parent_sampled", None
-    )
+    parent: SpanContext | None = trace.get_current_span(context).get_span_context()
+    assert parent is not None  # (an API span's context is never None)
+    if parent.is_valid:
+        flags = parent.trace_flags
+        if not flags & TraceFlags.SAMPLED:
+            return None
+        delegate = getattr(
+            sampler, "_remote_parent_sampled" if parent.is_remote else "_local_parent_sampled", None
+        )
+        random_trace_id = flags & TraceFlags.RANDOM_TRACE_ID
+    else:  # a root: the root sampler decides, and the id generator says whether its trace id is random
+        parent = None
+        delegate = getattr(sampler, "_root", None)
+        random_trace_id = 0
     if not _always_samples(delegate) or not sdk_tracer._tracer_config.is_enabled:
         return None
+    id_generator = sdk_tracer.id_generator
+    if parent is None:
+        trace_id = id_generator.generate_trace_id()
+        trace_state = None
+        random_trace_id = id_generator.is_trace_id_random()
+    else:
+        trace_id = parent.trace_id
+        trace_state = parent.trace_state
     span_context = SpanContext(
-        parent.trace_id,
-        sdk_tracer.id_generator.generate_span_id(),
+        trace_id,
+        id_generator.generate_span_id(),
         is_remote=False,
-        trace_flags=_CHILD_FLAGS[1 if flags & TraceFlags.RANDOM_TRACE_ID else 0],
-        trace_state=parent.trace_state,
+        trace_flags=_CHILD_FLAGS[1 if random_trace_id else 0],
+        trace_state=trace_state,
     )
     record_end_metrics = sdk_tracer._tracer_metrics.start_span(parent, _RECORD_AND_SAMPLE)
     processor = sdk_tracer.span_processor
