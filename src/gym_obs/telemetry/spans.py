@@ -257,19 +257,21 @@ _TRACER_FIELDS: Final = (
 # reads: a process may use several (the harness driver's own and the client's), each checked once.
 _tracers_checked: dict[int, tuple[object, bool]] = {}
 _MAX_TRACERS_CHECKED: Final = 64
-_RECORD_AND_SAMPLE: Final = Decision.RECORD_AND_SAMPLE  # every child span needs it (read once, as the kinds)
+_RECORD_AND_SAMPLE: Final = Decision.RECORD_AND_SAMPLE  # every such span needs it (read once, as the kinds)
 # A sampled span's trace flags, by whether its trace id is random (the SDK's start_span sets no other).
-_CHILD_FLAGS: Final = (
+_SAMPLED_FLAGS: Final = (
     TraceFlags(TraceFlags.SAMPLED),
     TraceFlags(TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID),
 )
 
 
 class _LeanSpan(_Span):
-    """The SDK's span, whose event and link lists are made on first use: most hot-path spans have neither,
-    and each list is three objects (a ``BoundedList``, its deque and its lock) made, and tracked by the
-    garbage collector, for every span. Until then both are the empty tuple, which the SDK's readers
-    (``events``, ``links``, the dropped counts, the ended copy) take as they take an empty list."""
+    """The SDK's span, as :func:`_sampled_span` makes it, whose event and link lists are made on first use:
+    most hot-path spans have neither, and each list is three objects (a ``BoundedList``, its deque and its
+    lock) made, and tracked by the garbage collector, for every span. Until then both are the empty tuple,
+    which the SDK's readers (``events``, ``links``, the dropped counts, the ended copy) take as they take an
+    empty list. Under gym_obs's own batch processors alone it also ends without the SDK's processor calls
+    (:meth:`end`)."""
 
     def _new_events(self) -> Any:
         return ()
@@ -370,14 +372,13 @@ def _sampled_span(
             sampler, "_remote_parent_sampled" if parent.is_remote else "_local_parent_sampled", None
         )
         random_trace_id = flags & TraceFlags.RANDOM_TRACE_ID
-    else:  # a root: the root sampler decides, and the id generator says whether its trace id is random
+    else:  # a root: the root sampler decides
         parent = None
         delegate = getattr(sampler, "_root", None)
-        random_trace_id = 0
     if not _always_samples(delegate) or not sdk_tracer._tracer_config.is_enabled:
         return None
     id_generator = sdk_tracer.id_generator
-    if parent is None:
+    if parent is None:  # a new trace; the id generator says whether its id is random
         trace_id = id_generator.generate_trace_id()
         trace_state = None
         random_trace_id = id_generator.is_trace_id_random()
@@ -388,7 +389,7 @@ def _sampled_span(
         trace_id,
         id_generator.generate_span_id(),
         is_remote=False,
-        trace_flags=_CHILD_FLAGS[1 if random_trace_id else 0],
+        trace_flags=_SAMPLED_FLAGS[1 if random_trace_id else 0],
         trace_state=trace_state,
     )
     record_end_metrics = sdk_tracer._tracer_metrics.start_span(parent, _RECORD_AND_SAMPLE)
