@@ -188,6 +188,53 @@ async def test_the_client_span_carries_what_the_server_span_got(
     assert unparsable(telemetry) == {}
 
 
+def _recorded_points(telemetry: Capture, caller: int) -> list[tuple[Any, ...]]:
+    """Every client GenAI point: labels, count, token sums and buckets (a duration's count only: the rest
+    is time), and the spans its exemplars point to (``caller``'s span id shown as "caller")."""
+    seen = []
+    for metric in (names.METRIC_GEN_AI_CLIENT_OPERATION_DURATION, names.METRIC_GEN_AI_CLIENT_TOKEN_USAGE):
+        for p in points(telemetry, metric):
+            timed = metric == names.METRIC_GEN_AI_CLIENT_OPERATION_DURATION
+            values = (p.count,) if timed else (p.count, p.sum, p.bucket_counts, p.min, p.max)
+            spans = {"caller" if span_id == caller else span_id for span_id in p.exemplar_spans}
+            seen.append((metric, sorted(p.attributes.items()), *values, spans))
+    return sorted(seen, key=repr)
+
+
+@pytest.mark.parametrize("operation", OPERATIONS)
+async def test_a_usual_call_records_what_the_general_steps_record(
+    client: ServerClient, telemetry: Capture, operation: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A whole reply with both counts and nothing else is recorded in one step: the same points, each
+    with an exemplar of the caller's span, as the general steps record."""
+    from gym_obs.client import model_calls
+
+    taken: list[bool] = []
+    usual_points = model_calls._usual_points  # type: ignore[attr-defined]
+
+    def watched(*args: Any) -> Any:
+        found = usual_points(*args)
+        taken.append(found is not None)
+        return found
+
+    seen = []
+    caller = telemetry.tracer_provider.get_tracer("test")
+    for one_step in (True, False):
+        monkeypatch.setattr(model_calls, "_usual_points", watched if one_step else lambda *args: None)
+        telemetry.clear()
+        with caller.start_as_current_span("caller") as span:
+            for _ in range(3):
+                await get_response_json(await post(client, operation, "plain"))
+        seen.append(_recorded_points(telemetry, span.get_span_context().span_id))
+        assert all(point[-1] == {"caller"} for point in seen[-1])  # every point has the caller's exemplar
+    assert taken == [True] * 3  # the one step ran, for every call
+    assert seen[0] == seen[1]
+    assert {point[0] for point in seen[0]} == {
+        names.METRIC_GEN_AI_CLIENT_OPERATION_DURATION, names.METRIC_GEN_AI_CLIENT_TOKEN_USAGE
+    }
+    assert token_sums(telemetry) == {"input": 3 * TOKENS["input"], "output": 3 * TOKENS["output"]}
+
+
 @pytest.mark.parametrize("operation", OPERATIONS)
 @pytest.mark.parametrize(("scenario", "stream", "reason"), HOSTILE)
 async def test_hostile_replies_reach_the_caller_whole_and_count_once(

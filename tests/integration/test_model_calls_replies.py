@@ -61,6 +61,13 @@ def _usage(operation: str, scale: int = 1) -> dict[str, Any]:
     return {"input_tokens": i - c, "cache_read_input_tokens": c, "output_tokens": o}
 
 
+def _plain_usage(operation: str) -> dict[str, Any]:
+    i, o = USAGE["input"], USAGE["output"]
+    if operation == names.GEN_AI_OPERATION_CHAT:
+        return {"prompt_tokens": i, "completion_tokens": o}
+    return {"input_tokens": i, "output_tokens": o}
+
+
 def json_reply(operation: str, usage: Any) -> dict[str, Any]:
     if operation == names.GEN_AI_OPERATION_CHAT:
         choice = {"index": 0, "message": {"content": "hi"}, "finish_reason": "stop"}
@@ -163,6 +170,8 @@ def json_body(operation: str, scenario: str) -> bytes:
         reply = json_reply(operation, _usage(operation))
         reply["pad"] = "x" * HUGE_BYTES
         return json.dumps(reply).encode()
+    if scenario == "plain":  # both counts and no other (what most replies carry)
+        return json.dumps(json_reply(operation, _plain_usage(operation))).encode()
     return json.dumps(json_reply(operation, _usage(operation))).encode()
 
 

@@ -106,6 +106,7 @@ MAX_SSE_EVENT_BYTES: Final = 64 * 1024 * 1024
 _MAX_ALLOW_LIST: Final = 256
 _MAX_PROVIDER_CHARS: Final = 64
 _MAX_CACHED: Final = 1024
+_OK: Final = names.GEN_AI_OUTCOME_OK
 _ROUTES: Final = (
     (names.GEN_AI_ROUTE_CHAT, names.GEN_AI_OPERATION_CHAT),
     (names.GEN_AI_ROUTE_RESPONSES, names.GEN_AI_OPERATION_RESPONSES),
@@ -220,6 +221,33 @@ _WITH_TOKEN: Final = AttributeCache(*_BASE_KEYS, names.ATTR_GEN_AI_TOKEN_TYPE, m
 _WITH_REASON: Final = AttributeCache(
     *_BASE_KEYS, names.ATTR_GEN_AI_UNPARSABLE_REASON, max_entries=_MAX_CACHED
 )
+# A usual call's three points (its duration, its input and output token counts) as bound series, per label
+# combination, with the instruments they were bound on; None where an instrument is not pre-aggregated (a
+# configured view selects it, or the meter is not the SDK's): those calls take the general steps.
+_USUAL_POINTS: dict[tuple[Any, ...], tuple[Instruments, tuple[Any, Any, Any] | None]] = {}
+
+
+def _usual_points(instruments: Instruments, labels: tuple[Any, ...]) -> tuple[Any, Any, Any] | None:
+    found = _USUAL_POINTS.get(labels)
+    if found is not None and found[0] is instruments:
+        return found[1]
+    series = (
+        _bound(instruments.gen_ai_client_duration, _WITH_OUTCOME.get(*labels, _OK, None)),
+        _bound(instruments.gen_ai_client_tokens, _WITH_TOKEN.get(*labels, names.GEN_AI_TOKEN_INPUT)),
+        _bound(instruments.gen_ai_client_tokens, _WITH_TOKEN.get(*labels, names.GEN_AI_TOKEN_OUTPUT)),
+    )
+    points = series if None not in series else None
+    if len(_USUAL_POINTS) >= _MAX_CACHED:
+        _USUAL_POINTS.clear()
+    _USUAL_POINTS[labels] = (instruments, points)
+    return points
+
+
+def _bound(instrument: Any, attributes: dict[str, Any]) -> Any:
+    """A pre-aggregated instrument's series for ``attributes``; None for any other instrument."""
+    bind = getattr(instrument, "bind", None)
+    return bind(attributes) if bind is not None else None
+
 
 class _ModelCall:
     """One model call from request to end (see the module docstring); ends exactly once."""
@@ -463,10 +491,37 @@ class _ModelCall:
         self, instruments: Instruments, outcome: str, error_type: str | None, seconds: float, ok: bool
     ) -> None:
         labels = self._labels()
+        facts = self.facts
+        given, made = facts.input_tokens, facts.output_tokens
+        pre = instruments.pre
+        if (
+            ok
+            and error_type is None
+            and pre is not None
+            and self.first_at is None
+            and facts.problem is None
+            and given is not None
+            and made is not None
+            and facts.reasoning_tokens is None
+            and facts.cached_input_tokens is None
+        ):
+            # the usual call (a whole reply with both counts and nothing else): what the steps below record
+            # for it, in one go (one exemplar decision for its points, one lock)
+            points = _usual_points(instruments, labels)
+            if points is not None:
+                duration, input_tokens, output_tokens = points
+                exemplar = pre.exemplar()
+                pre.add_all(
+                    (
+                        (duration, seconds, exemplar),
+                        (input_tokens, given, exemplar),
+                        (output_tokens, made, exemplar),
+                    )
+                )
+                return
         instruments.gen_ai_client_duration.record(seconds, _WITH_OUTCOME.get(*labels, outcome, error_type))
         if not ok:
             return
-        facts = self.facts
         for token_type, count in facts.tokens():
             instruments.gen_ai_client_tokens.record(count, _WITH_TOKEN.get(*labels, token_type))
         if self.first_at is not None:

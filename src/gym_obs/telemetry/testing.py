@@ -59,6 +59,8 @@ class MetricPoint:
     explicit_bounds: tuple[float, ...] = ()
     min: float | None = None
     max: float | None = None
+    #: The span id of each exemplar the point carried, in every collection merged into it.
+    exemplar_spans: tuple[int | None, ...] = ()
 
 
 @dataclass
@@ -176,6 +178,9 @@ def _merge(stored: _Metric, data: Any) -> None:
         key = frozenset(attributes.items())
         old = stored.points.get(key)
         delta = getattr(data, "aggregation_temporality", None) == AggregationTemporality.DELTA
+        spans = tuple(exemplar.span_id for exemplar in getattr(point, "exemplars", None) or ())
+        if delta and old is not None:
+            spans = old.exemplar_spans + spans
         if isinstance(data, HistogramData):
             new = MetricPoint(
                 attributes=attributes,
@@ -185,6 +190,7 @@ def _merge(stored: _Metric, data: Any) -> None:
                 explicit_bounds=tuple(point.explicit_bounds),
                 min=point.min,
                 max=point.max,
+                exemplar_spans=spans,
             )
             if delta and old is not None and old.explicit_bounds == new.explicit_bounds:
                 new = MetricPoint(
@@ -197,12 +203,13 @@ def _merge(stored: _Metric, data: Any) -> None:
                     explicit_bounds=new.explicit_bounds,
                     min=_pick(min, old.min, new.min),
                     max=_pick(max, old.max, new.max),
+                    exemplar_spans=spans,
                 )
         elif isinstance(data, Sum | Gauge):
             value = point.value
             if delta and old is not None and old.value is not None:
                 value = old.value + value
-            new = MetricPoint(attributes=attributes, value=value)
+            new = MetricPoint(attributes=attributes, value=value, exemplar_spans=spans)
         else:  # exponential histograms are not used by gym_obs
             continue
         stored.points[key] = new
