@@ -82,6 +82,7 @@ from gym_obs.telemetry.genai import (
     update_from_event,
 )
 from gym_obs.telemetry.metrics import AttributeCache, Instruments
+from gym_obs.telemetry.preaggregated import bound_series
 from gym_obs.telemetry.spans import record_exception, set_span_error, set_trusted_attributes
 from gym_obs.telemetry.tally import RolloutTally, current_rollout
 from gym_obs.telemetry.usual_reply import read_json_reply
@@ -232,21 +233,15 @@ def _usual_points(instruments: Instruments, labels: tuple[Any, ...]) -> tuple[An
     if found is not None and found[0] is instruments:
         return found[1]
     series = (
-        _bound(instruments.gen_ai_client_duration, _WITH_OUTCOME.get(*labels, _OK, None)),
-        _bound(instruments.gen_ai_client_tokens, _WITH_TOKEN.get(*labels, names.GEN_AI_TOKEN_INPUT)),
-        _bound(instruments.gen_ai_client_tokens, _WITH_TOKEN.get(*labels, names.GEN_AI_TOKEN_OUTPUT)),
+        bound_series(instruments.gen_ai_client_duration, _WITH_OUTCOME.get(*labels, _OK, None)),
+        bound_series(instruments.gen_ai_client_tokens, _WITH_TOKEN.get(*labels, names.GEN_AI_TOKEN_INPUT)),
+        bound_series(instruments.gen_ai_client_tokens, _WITH_TOKEN.get(*labels, names.GEN_AI_TOKEN_OUTPUT)),
     )
     points = series if None not in series else None
     if len(_USUAL_POINTS) >= _MAX_CACHED:
         _USUAL_POINTS.clear()
     _USUAL_POINTS[labels] = (instruments, points)
     return points
-
-
-def _bound(instrument: Any, attributes: dict[str, Any]) -> Any:
-    """A pre-aggregated instrument's series for ``attributes``; None for any other instrument."""
-    bind = getattr(instrument, "bind", None)
-    return bind(attributes) if bind is not None else None
 
 
 class _ModelCall:

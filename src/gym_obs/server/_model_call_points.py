@@ -14,6 +14,7 @@ from typing import Any, Final
 
 from gym_obs.telemetry import names
 from gym_obs.telemetry.metrics import Instruments
+from gym_obs.telemetry.preaggregated import bound_series
 
 __all__ = ["TOKEN_SPAN_KEYS", "CallPoints"]
 
@@ -31,8 +32,7 @@ def _handle(instrument: Any, attributes: dict[str, Any]) -> Any:
     """``instrument``'s point for ``attributes``: a pre-aggregated instrument's bound series (for
     ``PreAggregation.add_all``), else a function recording to the SDK instrument (which decides its own
     exemplar)."""
-    bind = getattr(instrument, "bind", None)
-    series = bind(attributes) if bind is not None else None
+    series = bound_series(instrument, attributes)
     if series is not None:
         return series
     measure = getattr(instrument, "record", None) or instrument.add

@@ -77,6 +77,7 @@ __all__ = [
     "PreAggregatedUpDownCounter",
     "PreAggregation",
     "attach",
+    "bound_series",
 ]
 
 #: Attribute-dict identities remembered per instrument before the map is rebuilt (series themselves stay).
@@ -557,6 +558,14 @@ def _point(
 
 
 _ATTACHED_LOCK: Final = threading.Lock()
+
+
+def bound_series(instrument: object, attributes: Attributes) -> _Series | None:
+    """``instrument``'s series for ``attributes`` (for :meth:`PreAggregation.add_all`) when it is
+    pre-aggregated; None for an SDK instrument (a configured view selects it, or the meter is not the
+    SDK's), which records on its own, or when no series can be made."""
+    bind = getattr(instrument, "bind", None)
+    return bind(attributes) if bind is not None else None
 
 
 def attach(meter: Any) -> PreAggregation | None:
