@@ -4,7 +4,8 @@ CPU time on a shared machine moves by more than the gym layers cost; an instruct
 variant's app (the same ones ``server_overhead.py`` serves: ``bare`` FastAPI, ``simple_off``
 ``SimpleServer.build_app()`` with telemetry off) is driven in process by a plain asyncio loop: 16 workers,
 each running its requests one after another, each request in its own task with a fake uvicorn request cycle
-(``disconnected``/``response_started`` flags, so the disconnect step takes its uvicorn path), as uvicorn does.
+(``disconnected``/``response_started`` flags, and ``on_response`` a method of a protocol whose ``tasks``
+holds the running request tasks, so the disconnect step takes its uvicorn path), as uvicorn does.
 The sweeper's interval is made long: the real server sweeps once per ~200 requests (~0 per request), while
 under valgrind it would run every few requests. A run of ``--warmup`` + ``--requests`` requests minus a run
 of the warm-up alone, divided by ``--requests``, is the cost per request; ASLR is off (``setarch -R``) so
@@ -44,15 +45,34 @@ _HEADERS = (
 )
 
 
-class _Cycle:
-    """What the gym layers see of uvicorn's request cycle: ``receive`` is its method, with its flags."""
-
-    __slots__ = ("disconnected", "response_started", "sent")
+class _Protocol:
+    """What the gym layers see of uvicorn's connection protocol: its server's set of request tasks."""
 
     def __init__(self) -> None:
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def on_response_complete(self) -> None:
+        return None
+
+
+_PROTOCOL = _Protocol()
+
+
+class _Cycle:
+    """What the gym layers see of uvicorn's request cycle: ``receive`` is its method, with its flags, and
+    ``on_response`` its protocol's (whose ``tasks`` holds every running request's task)."""
+
+    __slots__ = ("disconnected", "on_response", "response_started", "scope", "sent")
+
+    def __init__(self, scope: dict[str, Any]) -> None:
+        self.scope = scope
         self.disconnected = False
         self.response_started = False
+        self.on_response = _PROTOCOL.on_response_complete
         self.sent = 0
+
+    async def run_asgi(self, app: Any) -> None:
+        await app(self.scope, self.receive, self.send)
 
     async def receive(self) -> dict[str, Any]:
         return _BODY
@@ -97,8 +117,11 @@ async def _drive(app: Any, requests: int) -> None:
 
     async def worker(count: int) -> None:
         for _ in range(count):
-            cycle = _Cycle()
-            await loop.create_task(app(_scope(), cycle.receive, cycle.send))
+            cycle = _Cycle(_scope())
+            task = loop.create_task(cycle.run_asgi(app))  # as uvicorn runs a request, and keeps its task
+            task.add_done_callback(_PROTOCOL.tasks.discard)
+            _PROTOCOL.tasks.add(task)
+            await task
             if cycle.sent != 2:
                 raise RuntimeError("the route did not answer")
 

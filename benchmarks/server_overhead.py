@@ -2,7 +2,8 @@
 
 Each variant is one uvicorn server process (httptools, uvloop, one worker, access log off, the same uvicorn
 settings for all); load comes from a separate process (aiohttp, keep-alive, ``--concurrency`` workers), so
-only the server's own CPU is counted (utime + stime, all its threads, the span exporter thread included):
+only the server's own CPU is counted (the process's CPU clock, in ns: all its threads, the span exporter
+thread included):
 
 * ``bare``           FastAPI, its built-in telemetry off
 * ``contrib``        FastAPI + opentelemetry-instrumentation-fastapi (receive/send spans excluded), SDK tracer
@@ -14,7 +15,10 @@ only the server's own CPU is counted (utime + stime, all its threads, the span e
 
 Variants run interleaved, round after round, after a warm-up; the table shows medians over rounds. The
 ratios are the medians of the per-round ratios (each round's variants ran back to back, so a round's ratio
-cancels most of the machine's drift). Headline figures and targets:
+cancels most of the machine's drift). Within a round the variants a ratio compares run next to each other
+(``_MEASURE_ORDER``), and every other round runs them in reverse, so a drift in one direction (the load
+of the round before, the machine warming) does not always favour the same side. Headline figures and
+targets:
 
 * ``native_vs_contrib`` = (native - bare) / (contrib - bare): what the native span adds against what the
   contrib instrumentation adds to the same app; target <= 0.45;
@@ -22,7 +26,7 @@ cancels most of the machine's drift). Headline figures and targets:
 * ``simple_native_vs_contrib`` = (simple_on - simple_off) / (simple_contrib - simple_off): the same ratio
   inside a full ``SimpleServer`` (the gym layers' own telemetry, e.g. the session span attribute, in both).
 
-Run: ``python3 benchmarks/server_overhead.py [--requests 10000] [--concurrency 16] [--rounds 7]
+Run: ``python3 benchmarks/server_overhead.py [--requests 10000] [--concurrency 16] [--rounds 9]
 [--port-base 24800] [--check]``
 """
 
@@ -48,6 +52,8 @@ sys.path.insert(0, str(_SRC))
 
 VARIANTS = ("bare", "contrib", "native", "simple_off", "simple_on", "simple_contrib")
 _SDK_VARIANTS = ("contrib", "native", "simple_on", "simple_contrib")
+#: the order variants run in a round (reversed every other round): the ones a ratio compares side by side
+_MEASURE_ORDER = ("simple_contrib", "simple_on", "simple_off", "bare", "native", "contrib")
 _BASE_PORT = 24800  # 24800-24805: inside the server runtime's test range
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 _ROUTE = "/ping"
@@ -204,8 +210,18 @@ async def _load(url: str, requests: int, concurrency: int) -> None:
 
 
 def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime + stime (fields 14 and 15)
+    """CPU time of process ``pid``, all its threads (exited ones too), in nanoseconds where Linux gives it.
+
+    A round takes ~0.6 s of server CPU, so clock ticks (``/proc/<pid>/stat``, 10 ms) would quantize each
+    round's figure by ~1.6% -- a third of the 5% the ``simple_off_vs_bare`` target allows. Linux keeps a
+    CPU clock per process readable by any process of the same user: ``clock_gettime`` with the id
+    ``MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED)`` (what glibc's ``clock_getcpuclockid`` returns).
+    """
+    try:
+        return time.clock_gettime((~pid << 3) | 2)
+    except OSError:  # not Linux, or no such clock: clock ticks
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime + stime (fields 14 and 15)
 
 
 @contextlib.contextmanager
@@ -272,7 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--requests", type=int, default=10000)
     parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     parser.add_argument(
         "--port-base",
@@ -296,8 +312,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for process, port in running.values():  # warm-up: imports, first-request paths, pools
             _drive(port, max(500, args.requests // 5), args.concurrency)
             del process
-        for _ in range(args.rounds):
-            for variant in VARIANTS:
+        for round_index in range(args.rounds):
+            for variant in _MEASURE_ORDER if round_index % 2 == 0 else reversed(_MEASURE_ORDER):
                 process, port = running[variant]
                 before = _cpu_seconds(process.pid)
                 _drive(port, args.requests, args.concurrency)
@@ -307,7 +323,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"server CPU per request, median of {args.rounds} rounds x {args.requests} requests")
     print(f"{'variant':<12} {'µs/request':>11} {'x bare':>8}  rounds (µs)")
     for variant in VARIANTS:
-        rounds = " ".join(f"{value * 1e6:.0f}" for value in per_request[variant])
+        rounds = " ".join(f"{value * 1e6:.1f}" for value in per_request[variant])
         relative = medians[variant] / medians["bare"]
         print(f"{variant:<12} {medians[variant] * 1e6:>11.1f} {relative:>8.2f}  {rounds}")
     rounds = per_request

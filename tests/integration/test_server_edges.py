@@ -51,6 +51,9 @@ TRACEPARENT = f"00-{TRACE_ID}-{SPAN_ID}-01"
 SECRET = "sk-live-ABCDEF1234567890abcdef"
 
 
+HANGS: list[str] = []  # what ``/hang`` went through
+
+
 class _Item(BaseModel):
     count: int
 
@@ -90,6 +93,18 @@ class EdgeServer(SimpleServer):
         async def session_then_crash(request: Request) -> None:
             assert request.session[SESSION_ID_KEY]
             raise RuntimeError("after the session was issued")
+
+        @app.get("/hang")
+        async def hang() -> None:
+            """Waits to be cancelled (its caller hangs up), noting the watcher tasks there are meanwhile."""
+            await asyncio.sleep(0.1)  # past the disconnect watch's delay: a watcher would run by now
+            watchers = [t for t in asyncio.all_tasks() if t.get_coro().__qualname__ == "_Watch._watch"]
+            HANGS.append(f"waiting with {len(watchers)} watchers")
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                HANGS.append("cancelled")
+                raise
 
         @app.get("/stream")
         async def stream() -> StreamingResponse:
@@ -216,6 +231,27 @@ async def test_segment_stripped_when_traces_are_off(http: httpx.AsyncClient) -> 
 
 
 # --- replies --------------------------------------------------------------------------------------------
+
+
+async def test_a_caller_hanging_up_cancels_the_handler_with_no_task_per_request(running: str) -> None:
+    """Under uvicorn the disconnect step watches uvicorn's own flags: the hung-up request is cancelled and
+    no watcher task was started for it (the path for other servers would have one by then)."""
+    HANGS.clear()
+    reader, writer = await asyncio.open_connection("127.0.0.1", PORT)
+    writer.write(b"GET /hang HTTP/1.1\r\nHost: x\r\n\r\n")
+    await writer.drain()
+    for _ in range(200):
+        if HANGS:
+            break
+        await asyncio.sleep(0.01)
+    writer.close()
+    await writer.wait_closed()
+    for _ in range(200):
+        if HANGS[-1:] == ["cancelled"]:
+            break
+        await asyncio.sleep(0.01)
+    assert HANGS == ["waiting with 0 watchers", "cancelled"]
+    assert await reader.read() == b""  # nothing was sent for the abandoned request
 
 
 async def test_streaming_and_validation_replies_pass_through(http: httpx.AsyncClient) -> None:

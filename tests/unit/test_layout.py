@@ -107,6 +107,7 @@ PRIVATE_SEAMS: dict[str, str] = {
     "gym_obs.server._model_call_read:read_json_reply": "the usual-reply reader against genai's reader",
     "gym_obs.server._span:_split_host": "Host header parsing (server.address / server.port) row by row",
     "gym_obs.server._native_telemetry:disable_native_telemetry": "FastAPI's own telemetry off, as servers do",
+    "gym_obs.server._native_telemetry:drop_exception_observer": "FastAPI's dead exception frame, dropped",
     "gym_obs.server._access_log:QueryFreeAccessLog": "security rule: access lines never carry a query",
     "gym_obs.server._served_config:served_config": "security rule: the head server never serves a secret",
     "gym_obs.server._validation_log:summarize_validation_errors": "security rule: no body in 422 logs",

@@ -180,6 +180,28 @@ async def test_fastapi_builtin_telemetry_would_add_spans_and_is_off(telemetry: C
     assert native and all(span.instrumentation_scope.name == "fastapi" for span in native)  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("enabled", [True, False])
+async def test_the_built_stack_has_no_fastapi_exception_observer(
+    enabled: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The frame FastAPI keeps for its own telemetry's exceptions is dropped (its requests carry none);
+    an unhandled exception is still the server's failure reply."""
+    monkeypatch.setattr(STATE, "enabled", enabled)
+    app: Any = DemoServer("demo", _config()).build_app()
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app, raise_app_exceptions=False), base_url="http://t"
+    ) as http:
+        assert (await http.get("/boom")).status_code == 500
+    while not isinstance(app, FastAPI):
+        app = app.app
+    layers: list[str] = []
+    node: Any = app.middleware_stack
+    while node is not None and len(layers) < 20:
+        layers.append(type(node).__qualname__)
+        node = getattr(node, "app", None)
+    assert "ExceptionTelemetryMiddleware" not in layers and "RequestSteps" in layers
+
+
 async def test_server_keeps_serving_without_spans_when_instrumentation_fails(
     telemetry: Capture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

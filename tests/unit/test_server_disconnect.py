@@ -178,13 +178,36 @@ async def test_an_error_raised_after_the_disconnect_is_not_answered() -> None:
     assert peer.sent == []
 
 
-class _PolledPeer(_Peer):
-    """Like uvicorn's request cycle: flags the transport sets, which the layer polls (no watcher task)."""
+class _Protocol:
+    """Like uvicorn's connection protocol: it keeps its server's set of running request tasks."""
 
     def __init__(self) -> None:
+        self.tasks: set[asyncio.Task[Any]] = set()
+
+    def on_response_complete(self) -> None:
+        return None
+
+
+class _PolledPeer(_Peer):
+    """Like uvicorn's request cycle: flags the transport sets, which the layer polls (no watcher task), and
+    ``on_response``, a method of its protocol; :meth:`start` runs a request as uvicorn does."""
+
+    def __init__(self, scope: dict[str, Any], protocol: _Protocol) -> None:
         super().__init__()
+        self.scope = scope
         self.disconnected = False
         self.response_started = False
+        self.on_response = protocol.on_response_complete
+
+    async def run_asgi(self, app: Any) -> None:
+        await app(self.scope, self.receive, self.send)
+
+    def start(self, app: Any) -> asyncio.Task[None]:
+        task = asyncio.create_task(self.run_asgi(app))
+        tasks = self.on_response.__self__.tasks  # type: ignore[attr-defined]
+        task.add_done_callback(tasks.discard)
+        tasks.add(task)
+        return task
 
     async def send(self, message: Message) -> None:
         if message["type"] == "http.response.start":
@@ -196,10 +219,12 @@ class _PolledPeer(_Peer):
         super().hang_up()
 
 
-async def _polled_request(middleware: Any, events: list[str], hang_up: bool) -> _PolledPeer:
+async def _polled_request(
+    middleware: Any, events: list[str], hang_up: bool, protocol: _Protocol
+) -> _PolledPeer:
     """One request on the running loop: a fast one is answered, a hung-up one is cancelled."""
-    peer = _PolledPeer()
-    task = asyncio.create_task(middleware(dict(SCOPE), peer.receive, peer.send))
+    peer = _PolledPeer(dict(SCOPE), protocol)
+    task = peer.start(middleware)
     if hang_up:
         await asyncio.sleep(0.05)
         peer.hang_up()
@@ -209,30 +234,96 @@ async def _polled_request(middleware: Any, events: list[str], hang_up: bool) -> 
     return peer
 
 
+async def _slow_or_fast(scope: Any, receive: Any, send: Any) -> None:
+    assert isinstance(receive.__self__, _PolledPeer)  # polled: the app reads uvicorn's own receive
+    if scope["path"] == "/slow":
+        await asyncio.sleep(10)
+    await send(START)
+    await send(BODY)
+
+
+async def _one_server(middleware: Any, events: list[str], protocol: _Protocol | None = None) -> None:
+    """A server (its own task set, unless ``protocol`` gives one) on the running loop: a slow request hangs
+    up while a fast one is answered."""
+    protocol = protocol or _Protocol()
+    slow = asyncio.create_task(_polled_request(middleware, events, hang_up=True, protocol=protocol))
+    peer = _PolledPeer({**SCOPE, "path": "/fast"}, protocol)
+    await peer.start(middleware)  # answered while the slow one is in flight
+    events.append("answered" if peer.sent == [START, BODY] else "lost")
+    await slow
+
+
 def test_polled_requests_are_cancelled_on_each_loop_and_thread_the_layer_serves() -> None:
-    """The layer keeps the loop (and thread) it last served to find a request's task cheaply: a request on
-    a new loop, or on a loop in another thread, is still the one cancelled, as on the first loop."""
+    """The layer finds a request's server by its task set: a request of a server on a new loop, or on a
+    loop in another thread, is still the one cancelled, as on the first loop."""
+    middleware = DisconnectCancelMiddleware(_slow_or_fast, watch_delay_s=0.01)
+    events: list[str] = []
+    asyncio.run(_one_server(middleware, events))
+    asyncio.run(_one_server(middleware, events))  # a new loop on the same thread
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, _one_server(middleware, events)).result(timeout=10)  # another thread
+    asyncio.run(_one_server(middleware, events))  # back on the first thread
+    assert events == ["answered", "cancelled"] * 4
 
-    async def app(scope: Any, receive: Any, send: Any) -> None:
-        if scope["path"] == "/slow":
-            await asyncio.sleep(10)
-        await send(START)
-        await send(BODY)
 
-    middleware = DisconnectCancelMiddleware(app, watch_delay_s=0.01)
+def test_a_server_serving_again_on_a_new_loop_is_swept_there() -> None:
+    """A uvicorn server object run twice keeps its task set; the second run's loop gets the sweeper."""
+    middleware = DisconnectCancelMiddleware(_slow_or_fast, watch_delay_s=0.01)
+    events: list[str] = []
+    protocol = _Protocol()
+    asyncio.run(_one_server(middleware, events, protocol))
+    asyncio.run(_one_server(middleware, events, protocol))
+    assert events == ["answered", "cancelled"] * 2
+
+
+def test_servers_on_one_loop_and_on_two_threads_at_once_are_each_swept_once() -> None:
+    """Two servers on one loop, and the same layer serving on two threads at the same time: every hung-up
+    request is cancelled, by one sweeper (a second one would cancel it again, and the request would end
+    with a ``CancelledError`` the layer does not absorb)."""
+    middleware = DisconnectCancelMiddleware(_slow_or_fast, watch_delay_s=0.01)
     events: list[str] = []
 
-    async def both() -> None:
-        slow = asyncio.create_task(_polled_request(middleware, events, hang_up=True))
-        fast = {**SCOPE, "path": "/fast"}
-        peer = _PolledPeer()
-        await middleware(fast, peer.receive, peer.send)  # answered while the slow one is in flight
-        events.append("answered" if peer.sent == [START, BODY] else "lost")
-        await slow
+    async def sweepers_here() -> int:
+        """Fast requests while both servers' slow ones are in flight (the other thread's too), then the
+        number of sweepers on this loop."""
+        protocol = _Protocol()
+        for _ in range(10):
+            await _PolledPeer({**SCOPE, "path": "/fast"}, protocol).start(middleware)
+            await asyncio.sleep(0.002)
+        return sum(task.get_coro().__qualname__ == "_Sweeper._sweep" for task in asyncio.all_tasks())
 
-    asyncio.run(both())
-    asyncio.run(both())  # a new loop on the same thread
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        pool.submit(asyncio.run, both()).result(timeout=10)  # a loop on another thread
-    asyncio.run(both())  # back on the first thread
-    assert events == ["answered", "cancelled"] * 4
+    async def two_servers() -> None:
+        *_, sweepers = await asyncio.gather(
+            _one_server(middleware, events), _one_server(middleware, events), sweepers_here()
+        )
+        sweeper_counts.append(sweepers)
+
+    sweeper_counts: list[int] = []
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        for done in [pool.submit(asyncio.run, two_servers()) for _ in range(2)]:
+            done.result(timeout=10)
+    assert sorted(events) == ["answered"] * 4 + ["cancelled"] * 4
+    assert sweeper_counts == [1, 1]
+
+
+async def test_a_request_outside_the_layer_is_never_cancelled() -> None:
+    """A task of the same server that never entered the gym layers (no exchange in its scope: a route
+    answered before them, another app of the server) keeps running after its caller left."""
+    protocol = _Protocol()
+    middleware = DisconnectCancelMiddleware(_slow_or_fast, watch_delay_s=0.01)
+    outside_done = asyncio.Event()
+
+    async def outside(scope: Any, receive: Any, send: Any) -> None:
+        await asyncio.sleep(0.15)
+        outside_done.set()
+
+    inside = _PolledPeer(dict(SCOPE), protocol)
+    inside_task = inside.start(middleware)  # starts the sweeper of this server
+    other = _PolledPeer(dict(SCOPE), protocol)
+    other_task = other.start(outside)
+    await asyncio.sleep(0.03)
+    inside.hang_up()
+    other.hang_up()
+    await asyncio.wait_for(asyncio.gather(inside_task, other_task), 2)
+    assert inside.sent == [] and outside_done.is_set() and not other_task.cancelled()

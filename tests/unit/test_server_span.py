@@ -15,7 +15,7 @@ from opentelemetry.trace import SpanKind, StatusCode, get_current_span
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from gym_obs.config import TelemetryConfig
-from gym_obs.server._native_telemetry import disable_native_telemetry
+from gym_obs.server._native_telemetry import disable_native_telemetry, drop_exception_observer
 from gym_obs.server._span import ServerSpanMiddleware, _split_host
 from gym_obs.telemetry import names
 from gym_obs.telemetry.settings import resolve_server_instrumentation
@@ -246,3 +246,27 @@ def test_the_choice_of_server_instrumentation(
     assert (message is not None) == problem
     if message is not None:
         assert names.ENV_SERVER_INSTRUMENTATION in message
+
+
+def _stack_types(app: FastAPI) -> list[str]:
+    """The types of ``app``'s built middleware stack, outermost first, down to the router."""
+    found: list[str] = []
+    node: Any = app.build_middleware_stack()
+    while node is not None and len(found) < 20:
+        found.append(type(node).__qualname__)
+        node = getattr(node, "app", None)
+    return found
+
+
+def test_a_gym_server_stack_has_no_fastapi_exception_observer() -> None:
+    """FastAPI observes unhandled exceptions for its own telemetry in every app's stack; a gym server's
+    requests never carry that telemetry, so its stack is built without the frame (the rest unchanged)."""
+    plain = FastAPI()
+    disable_native_telemetry(plain)
+    if "ExceptionTelemetryMiddleware" not in _stack_types(plain):
+        pytest.skip("this FastAPI has no built-in exception observer")
+    gym = FastAPI()
+    disable_native_telemetry(gym)
+    drop_exception_observer(gym)
+    expected = [name for name in _stack_types(plain) if name != "ExceptionTelemetryMiddleware"]
+    assert _stack_types(gym) == expected

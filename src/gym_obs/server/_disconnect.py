@@ -8,10 +8,15 @@ a step (``DisconnectWatch``) of the gym layers' one frame (``_steps``), innermos
 
 One sweeper task per event loop (alive only while requests are in flight) looks at the running requests
 every ``watch_delay_s``. Under uvicorn (``receive`` is its request cycle's, which keeps ``disconnected``
-and ``response_started`` flags, set by the transport whether or not anybody reads) a request costs a dict
-insert and removal and the sweeper reads the flags: no task, no timer, no wrapper, a disconnect noticed
-within one sweep. (uvicorn stops reading a socket whose unread body passed its high-water mark, so a
-handler that never reads a large body sees its caller leave only when it reads.) Under any other server,
+and ``response_started`` flags, set by the transport whether or not anybody reads) a request registers
+nothing: uvicorn already keeps the set of its request tasks (its server state's ``tasks``, reached from the
+cycle's ``on_response`` callback, a method of the connection's protocol), and the sweeper walks that set.
+A task's cycle is found once, from its coroutine (uvicorn runs each request as ``cycle.run_asgi(app)``),
+and only for a task still running on its second sweep, so quick requests never pay for it; the sweeper
+then reads the flags. No task, no timer, no wrapper, no per-request registration; a disconnect noticed
+within two sweeps. A request is cancelled only once it has entered the gym layers (its scope holds an
+exchange). (uvicorn stops reading a socket whose unread body passed its high-water mark, so a handler
+that never reads a large body sees its caller leave only when it reads.) Under any other server,
 the sweeper starts a watcher task for the requests it has already seen on its previous pass (so quick
 requests never pay for one) that reads ``receive`` for the app and waits for the disconnect; a disconnect
 is noticed within two sweeps.
@@ -31,11 +36,10 @@ from typing import Any, Final
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gym_obs.server._exchange import Exchange
+from gym_obs.server._exchange import EXCHANGE_SCOPE_KEY, Exchange
 from gym_obs.server._steps import RequestSteps
 from gym_obs.server._tasks import running_loop as _running_loop
 from gym_obs.server._tasks import running_task as _running_task
-from gym_obs.server._tasks import thread_id as _thread_id
 
 __all__ = ["DEFAULT_WATCH_DELAY_S", "DisconnectCancelMiddleware", "DisconnectWatch"]
 
@@ -43,6 +47,8 @@ DEFAULT_WATCH_DELAY_S: Final = 0.02
 _DISCONNECT: Final[Message] = {"type": "http.disconnect"}
 
 _log = logging.getLogger("gym_obs.server")
+_NEW: Final = object()
+_SEEN: Final = object()
 
 
 class _Watch:
@@ -146,20 +152,28 @@ class _Watch:
 class _Sweeper:
     """One per event loop: polls uvicorn's flags, starts watchers for requests seen on two passes."""
 
-    __slots__ = ("cancelled", "interval", "loop", "polled", "running", "task", "thread")
+    __slots__ = ("cancelled", "cycles", "interval", "loop", "running", "served", "servers", "task")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, interval: float) -> None:
         self.loop = loop
-        #: the thread ``loop`` runs in (the sweeper is made on it, by a request running on the loop)
-        self.thread = _thread_id()
         self.interval = interval
         self.running: set[_Watch] = set()
-        #: uvicorn requests: exchange -> (its request cycle, its task); keyed by the exchange, which the
-        #: request's frame holds, so the request leaves with a ``pop`` and no task look-up
-        self.polled: dict[Exchange, tuple[Any, asyncio.Task[Any]]] = {}
+        #: the request-task sets of the uvicorn servers on this loop (one, unless an app is served twice)
+        self.servers: list[set[asyncio.Task[Any]]] = []
+        #: the one a request last came from (the request path checks it by identity)
+        self.served: set[asyncio.Task[Any]] | None = None
+        #: uvicorn request tasks seen on a sweep -> their request cycle (``None``: not a request cycle), or
+        #: ``_SEEN`` for a task seen on one sweep only (its cycle is looked for on the next)
+        self.cycles: dict[asyncio.Task[Any], Any] = {}
         #: polled tasks this layer cancelled for a disconnect (the layer absorbs their CancelledError)
         self.cancelled: set[asyncio.Task[Any]] = set()
         self.task: asyncio.Task[None] | None = None
+
+    def serve(self, tasks: set[asyncio.Task[Any]]) -> None:
+        """Sweep ``tasks`` (a uvicorn server's request tasks) from now on."""
+        if not any(tasks is known for known in self.servers):
+            self.servers.append(tasks)
+        self.served = tasks
 
     def start(self) -> None:
         if self.task is None:
@@ -167,13 +181,9 @@ class _Sweeper:
 
     async def _sweep(self) -> None:
         try:
-            while self.running or self.polled:
+            while self.running or any(self.servers):
                 await asyncio.sleep(self.interval)
-                for exchange, (cycle, task) in tuple(self.polled.items()):
-                    if cycle.disconnected and not cycle.response_started and task not in self.cancelled:
-                        self.cancelled.add(task)
-                        exchange.caller_gone = True
-                        task.cancel()
+                self._sweep_servers()
                 for watch in tuple(self.running):
                     if not watch.aged:
                         watch.aged = True
@@ -182,6 +192,32 @@ class _Sweeper:
         finally:
             self.task = None
 
+    def _sweep_servers(self) -> None:
+        """Cancel the uvicorn requests whose caller left before the reply started."""
+        known, cycles = self.cycles, {}
+        for tasks in self.servers:
+            for task in tasks:
+                cycle = known.get(task, _NEW)
+                if cycle is _NEW:  # seen first: most requests end before the next sweep
+                    cycles[task] = _SEEN
+                    continue
+                if cycle is _SEEN:
+                    cycle = _request_cycle(task)
+                cycles[task] = cycle
+                if (
+                    cycle is not None
+                    and cycle.disconnected
+                    and not cycle.response_started
+                    and task not in self.cancelled
+                ):
+                    exchange = cycle.scope.get(EXCHANGE_SCOPE_KEY)
+                    if exchange is not None:  # (in the gym layers: the frame absorbs the cancellation)
+                        self.cancelled.add(task)
+                        exchange.caller_gone = True
+                        task.cancel()
+        self.cycles = cycles  # (the tasks that ended are forgotten)
+        self.servers = [tasks for tasks in self.servers if tasks or tasks is self.served]
+
     def absorbs(self, scope: Scope) -> bool:
         """For a ``CancelledError`` out of the running polled request's app: True when it is this layer's
         own disconnect cancellation alone (swallow it)."""
@@ -189,59 +225,76 @@ class _Sweeper:
         return task is not None and task in self.cancelled and _absorbed(task, self.cancelled, scope)
 
     def leave(self) -> None:
-        """The running polled request is over and was removed from :attr:`polled` (by the frame, with a
-        ``pop``: a re-entered layer may have removed it already); called only while :attr:`cancelled`
-        is not empty (after a disconnect)."""
+        """The running polled request is over; called only while :attr:`cancelled` is not empty (after a
+        disconnect)."""
         task = _running_task(self.loop)  # (the request's, as in ``absorbs``)
         if task is not None and task in self.cancelled:
             self.cancelled.discard(task)
             task.uncancel()  # the handler swallowed our cancellation: undo it
 
 
+def _request_cycle(task: asyncio.Task[Any]) -> Any:
+    """The uvicorn request cycle ``task`` runs (``cycle.run_asgi(app)``), or ``None``."""
+    frame = getattr(task.get_coro(), "cr_frame", None)
+    cycle = frame.f_locals.get("self") if frame is not None else None
+    return cycle if type(getattr(cycle, "disconnected", None)) is bool else None
+
+
+def _server_tasks(cycle: Any) -> set[asyncio.Task[Any]] | None:
+    """The request-task set of the uvicorn server ``cycle`` belongs to (its protocol's), or ``None``."""
+    tasks = getattr(getattr(getattr(cycle, "on_response", None), "__self__", None), "tasks", None)
+    return tasks if isinstance(tasks, set) else None
+
+
 class DisconnectWatch:
     """The disconnect step of one server: cancel the handler when the client disconnects before the
     response starts."""
 
-    __slots__ = ("_sweeper", "watch_delay_s")
+    __slots__ = ("_cycle_type", "_sweeper", "_sweepers", "watch_delay_s")
 
     def __init__(self, *, watch_delay_s: float = DEFAULT_WATCH_DELAY_S) -> None:
         self.watch_delay_s = watch_delay_s
         self._sweeper: _Sweeper | None = None
+        self._sweepers: dict[asyncio.AbstractEventLoop, _Sweeper] = {}
+        #: the type of the last request cycle found to be uvicorn's (flags, and its server's task set)
+        self._cycle_type: type | None = None
 
     def poll(self, receive: Receive, exchange: Exchange) -> _Sweeper | None:
-        """Under uvicorn, register the running request with its loop's sweeper and return the sweeper
-        (then its ``absorbs`` around the app, and ``polled.pop(exchange)`` and, after a disconnect,
-        ``leave`` when it ends); ``None``: run the app under :meth:`watched` (another server, or no
-        task).
+        """Under uvicorn, make sure the sweeper of the request's loop walks its server's request tasks
+        and return that sweeper (then its ``absorbs`` around the app, and, after a disconnect, ``leave``
+        when the request ends); ``None``: run the app under :meth:`watched` (another server).
 
-        Every request of a server passes here, so it is one call doing only the registration, and it
-        does not ask for the running loop (``asyncio.get_running_loop`` makes a ``getpid`` system call
-        on every call before Python 3.12): the sweeper keeps its loop and the thread that loop runs
-        in; on that thread, the task that loop is running now (read from the running-task table) is
-        the one running this request, as a thread runs one loop at a time. The first request on a
-        loop, or on another thread, asks for the loop.
+        Every request of a server passes here, so it is one call that registers nothing: the request's
+        server is known by its task set (the sweeper's, on the common path, whose loop is running), and
+        the running loop is asked for (``asyncio.get_running_loop`` makes a ``getpid`` system call on
+        every call before Python 3.12) only when a request comes from another server than the last one.
         """
-        cycle = getattr(receive, "__self__", None)
-        if type(getattr(cycle, "disconnected", None)) is not bool:
-            return None
-        sweeper = self._sweeper
-        task = _running_task(sweeper.loop) if sweeper is not None and sweeper.thread == _thread_id() else None
-        if sweeper is None or task is None:  # a new loop or thread (no task: the other path runs the app)
-            loop = _running_loop()
-            task = _running_task(loop)
-            if task is None:
+        cycle: Any = getattr(receive, "__self__", None)
+        if type(cycle) is not self._cycle_type:
+            if type(getattr(cycle, "disconnected", None)) is not bool or _server_tasks(cycle) is None:
                 return None
-            sweeper = self._sweeper_for(loop)
-        sweeper.polled[exchange] = (cycle, task)
+            self._cycle_type = type(cycle)  # uvicorn's request cycle: the next ones need no checks
+        tasks = cycle.on_response.__self__.tasks
+        sweeper = self._sweeper
+        # (a server's task set outlives its loop when a uvicorn server object serves again, on a new loop)
+        if sweeper is None or tasks is not sweeper.served or _running_task(sweeper.loop) is None:
+            sweeper = self._sweeper_for(_running_loop())
+            sweeper.serve(tasks)
         if sweeper.task is None:
             sweeper.start()
         return sweeper
 
     def _sweeper_for(self, loop: asyncio.AbstractEventLoop) -> _Sweeper:
-        """The sweeper of ``loop`` (a new one when the server runs on a new loop, as tests do)."""
+        """The sweeper of ``loop`` (a new one when the server runs on a new loop, as tests do), kept as the
+        last one used. One per loop, so that two loops serving at once never sweep the same server."""
         sweeper = self._sweeper
         if sweeper is None or sweeper.loop is not loop:
-            sweeper = self._sweeper = _Sweeper(loop, self.watch_delay_s)
+            sweeper = self._sweepers.get(loop)
+            if sweeper is None:
+                live = {known: kept for known, kept in self._sweepers.items() if not known.is_closed()}
+                self._sweepers = live
+                sweeper = self._sweepers[loop] = _Sweeper(loop, self.watch_delay_s)
+            self._sweeper = sweeper
         return sweeper
 
     async def watched(

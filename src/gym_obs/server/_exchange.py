@@ -91,6 +91,13 @@ class Exchange:
         if self.bound:
             return send
         self.bound = True
+        # The fields the wrapper reads on every request, stored on the exchange: read through an instance,
+        # a class-level default is a slow look-up on Python 3.11 (no specialization), a stored one is not.
+        self.caller_gone = False
+        self._hooks = None
+        self.failure_log = None
+        self.final_report = None
+        self.session = None
 
         def exchange_send(message: Message) -> Awaitable[None]:
             if message["type"] == "http.response.start":

@@ -13,14 +13,21 @@ Two independent switches, both no-ops on FastAPI versions without the feature:
   Starlette and the lifespan never auto-configures exporters);
 - the outermost gym middleware puts ``scope["fastapi.telemetry"] = None`` on every request, which is how
   FastAPI itself marks a request as excluded (it also covers FastAPI apps mounted inside the server).
+
+With both, the exception observer FastAPI puts in every app's middleware stack (it hands an unhandled
+exception to the request's telemetry, which such a request has none of) is a frame every request passes
+for nothing; :func:`drop_exception_observer` builds a gym server's stack without it.
 """
 
 from __future__ import annotations
 
 from typing import Any, Final
 
+from starlette.types import ASGIApp
+
 NATIVE_TELEMETRY_SCOPE_KEY: Final = "fastapi.telemetry"
 
+_OBSERVER: Final = ("fastapi.telemetry._asgi", "ExceptionTelemetryMiddleware")
 _OFF: Final = {
     "tracing": False,
     "metrics": False,
@@ -37,3 +44,26 @@ def disable_native_telemetry(app: Any) -> bool:
         return False
     config.update(_OFF)
     return True
+
+
+def drop_exception_observer(app: Any) -> None:
+    """Build ``app``'s middleware stack without FastAPI's exception observer
+    (``ExceptionTelemetryMiddleware``): for a gym server's app, whose requests all carry
+    ``scope["fastapi.telemetry"] = None``, it observes nothing. A no-op on FastAPI versions without it,
+    or a stack where it is not found."""
+    build = getattr(app, "build_middleware_stack", None)
+    if build is None:
+        return
+
+    def build_without_observer() -> ASGIApp:
+        stack: ASGIApp = build()
+        outer: Any = stack
+        inner: Any = getattr(outer, "app", None)
+        while inner is not None:
+            if (type(inner).__module__, type(inner).__qualname__) == _OBSERVER and hasattr(inner, "app"):
+                outer.app = inner.app
+                break
+            outer, inner = inner, getattr(inner, "app", None)
+        return stack
+
+    app.build_middleware_stack = build_without_observer

@@ -75,8 +75,6 @@ class FailureStep(Protocol):
 
 
 class _Polled(Protocol):
-    #: the polled requests by exchange (the frame removes its own when the request ends)
-    polled: dict[Exchange, Any]
     #: the polled requests' tasks cancelled for a disconnect (``leave`` when not empty)
     cancelled: set[Any]
 
@@ -103,7 +101,17 @@ class RequestSteps:
     error middleware, before routing, as it ran before it. A websocket gets it as a frame of its own.
     """
 
-    __slots__ = ("_not_http_app", "app", "context", "disconnect", "failures", "sessions")
+    __slots__ = (
+        "_enter_failures",
+        "_leave_failures",
+        "_not_http_app",
+        "_report_hook",
+        "app",
+        "context",
+        "disconnect",
+        "failures",
+        "sessions",
+    )
 
     def __init__(
         self,
@@ -120,6 +128,12 @@ class RequestSteps:
         self.failures = failures
         self.disconnect = disconnect
         self._not_http_app: ASGIApp = self._not_http if context is None else context.around(self._not_http)
+        # The failure step's static methods, looked up once: through the step object each would be a slow
+        # look-up per request on Python 3.11 (a static method is not specialized there).
+        if failures is not None:
+            self._report_hook = failures.report_hook
+            self._enter_failures = failures.enter
+            self._leave_failures = failures.leave
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -158,28 +172,28 @@ class RequestSteps:
                     session, receive = await sessions.open_reading_body(scope, receive, exchange)
             token: Token[Any] | None = None
             if failures is not None:
-                exchange.report_hook = failures.report_hook  # the exchange adds the report header
+                exchange.report_hook = self._report_hook  # the exchange adds the report header
                 # One context variable for the request: the exchange holds its failure log (made on the first
                 # record) and its session.
-                token = failures.enter(exchange)
+                token = self._enter_failures(exchange)
             elif session is not None:
                 token = sessions.enter(session)  # type: ignore[union-attr]
             try:
+                app = self.app
                 disconnect = self.disconnect
                 if disconnect is None:
-                    await self.app(scope, receive, send)
+                    await app(scope, receive, send)
                 else:
                     sweeper = disconnect.poll(receive, exchange)
                     if sweeper is None:  # not uvicorn: a watcher task reads ``receive`` for the app
-                        await disconnect.watched(self.app, scope, receive, send, exchange)
+                        await disconnect.watched(app, scope, receive, send, exchange)
                     else:
                         try:
-                            await self.app(scope, receive, send)
+                            await app(scope, receive, send)
                         except asyncio.CancelledError:
                             if not sweeper.absorbs(scope):
                                 raise
                         finally:
-                            sweeper.polled.pop(exchange, None)
                             if sweeper.cancelled:  # (empty, hence false, but after a disconnect)
                                 sweeper.leave()
             except Exception as error:
@@ -190,7 +204,7 @@ class RequestSteps:
             finally:
                 if token is not None:
                     if failures is not None:
-                        failures.leave(token)
+                        self._leave_failures(token)
                     else:
                         sessions.leave(token)  # type: ignore[union-attr]
                 if session is not None:

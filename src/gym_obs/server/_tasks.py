@@ -1,24 +1,22 @@
-"""The running loop, task and thread, read in C: the disconnect step needs the task on every request.
+"""The running loop and task, read in C.
 
 ``asyncio.current_task()`` is a Python function before Python 3.12: it asks for the running loop (whose
 C lookup makes a ``getpid`` system call each time, to notice a fork), then the loop's entry in the
 running-task table. Here the table's own ``get`` is used (``running_task(loop)``); from 3.12 on
-``asyncio.current_task`` is C and is used as it is. Callers that already know the loop (and the thread
-it runs in: ``thread_id``) skip the loop lookup.
+``asyncio.current_task`` is C and is used as it is. Callers that already know the loop skip the loop
+lookup.
 """
 
 from __future__ import annotations
 
 import _asyncio
 import asyncio
-import threading
 from collections.abc import Callable
 from typing import Any, Final
 
-__all__ = ["running_loop", "running_task", "thread_id"]
+__all__ = ["running_loop", "running_task"]
 
 running_loop: Final[Callable[[], asyncio.AbstractEventLoop]] = asyncio.get_running_loop
-thread_id: Final[Callable[[], int]] = threading.get_ident
 
 
 def _running_task_reader() -> Callable[[asyncio.AbstractEventLoop], asyncio.Task[Any] | None]:

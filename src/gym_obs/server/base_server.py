@@ -31,7 +31,7 @@ from gym_obs.server._disconnect import DEFAULT_WATCH_DELAY_S, DisconnectWatch
 from gym_obs.server._failure_reply import FailureReplies, boundary_for_server_type
 from gym_obs.server._heap import freeze_startup_heap
 from gym_obs.server._instrumentation import HEALTH_ROUTES
-from gym_obs.server._native_telemetry import disable_native_telemetry
+from gym_obs.server._native_telemetry import disable_native_telemetry, drop_exception_observer
 from gym_obs.server._profiler import profiler_for
 from gym_obs.server._session_routing import (
     OwnerRoutingMiddleware,
@@ -240,6 +240,7 @@ class SimpleServer(BaseServer, abc.ABC):
         if not isinstance(app, FastAPI):
             raise TypeError(f"{type(self).__name__}.setup_webserver() must return a FastAPI app, got {app!r}")
         disable_native_telemetry(app)
+        drop_exception_observer(app)
         install_query_free_access_log()
         log_validation_failures(app)
         self._add_liveness_routes(app)

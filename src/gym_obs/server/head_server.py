@@ -28,7 +28,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from gym_obs.client import server_base_url
 from gym_obs.config import GlobalConfig, ServerInstanceConfig
 from gym_obs.server._access_log import install_query_free_access_log
-from gym_obs.server._native_telemetry import disable_native_telemetry
+from gym_obs.server._native_telemetry import disable_native_telemetry, drop_exception_observer
 from gym_obs.server._served_config import served_config
 from gym_obs.server.uvicorn import bind_listen_socket, build_uvicorn_config, serve_uvicorn
 from gym_obs.telemetry.settings import TelemetryConfig
@@ -136,6 +136,7 @@ class HeadServer:
     def build_app(self) -> FastAPI:
         app = FastAPI(title="gym_obs head server", lifespan=self._lifespan, docs_url=None, redoc_url=None)
         disable_native_telemetry(app)
+        drop_exception_observer(app)
         install_query_free_access_log()
         config_json = served_config(self.config)
         config_yaml = yaml.safe_dump(config_json, sort_keys=False)

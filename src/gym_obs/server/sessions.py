@@ -265,14 +265,14 @@ class RequestSession(dict[str, str]):
     no id, no signature, no cookie. ``session[SESSION_ID_KEY]``, ``.get(SESSION_ID_KEY)`` and
     :func:`current_session_id` all issue it.
 
-    Made by :meth:`SessionLayer.open` with no ``__init__`` (made in C on every request) and only its two
+    Made by :meth:`SessionLayer.open` with no ``__init__`` (made in C on every request) and only its three
     slots set; the other fields are class-level defaults, stored (in the instance's ``__dict__``) only by
     a request that names or issues a session, or records a span. Its context (made current while the
     request runs) is the gym frame's to set: the request's exchange when the failure step runs (one
     context variable for the session and the failure log), else ``_CURRENT``.
     """
 
-    __slots__ = ("__dict__", "_exchange", "_layer")
+    __slots__ = ("__dict__", "_exchange", "_layer", "ends")
 
     _layer: SessionLayer
     #: a session issued during the request goes back on this exchange's reply (a start hook)
@@ -281,8 +281,9 @@ class RequestSession(dict[str, str]):
     #: set when issued here: the reply hands it to the caller
     token: str | None = None
     _log_tokens: list[Any] | None = None
-    #: whether :meth:`end` has work to do when the request ends (log lines to unbind, a hook to drop)
-    ends: bool = False
+    #: whether :meth:`end` has work to do when the request ends (log lines to unbind, a hook to drop); a
+    #: slot, set when the session is made: the gym frame reads it on every request
+    ends: bool
 
     def _adopt(self, session_id: str) -> None:
         dict.__setitem__(self, SESSION_ID_KEY, session_id)
@@ -407,6 +408,7 @@ class SessionLayer:
         session = scope["session"] = RequestSession()
         session._layer = self
         session._exchange = exchange
+        session.ends = False
         if exchange is not None:
             exchange.session = session
         if STATE.enabled:  # the SERVER span the request's session id goes on
