@@ -259,7 +259,7 @@ class DisconnectWatch:
         #: the type of the last request cycle found to be uvicorn's (flags, and its server's task set)
         self._cycle_type: type | None = None
 
-    def poll(self, receive: Receive, exchange: Exchange) -> _Sweeper | None:
+    def poll(self, receive: Receive) -> _Sweeper | None:
         """Under uvicorn, make sure the sweeper of the request's loop walks its server's request tasks
         and return that sweeper (then its ``absorbs`` around the app, and, after a disconnect, ``leave``
         when the request ends); ``None``: run the app under :meth:`watched` (another server).

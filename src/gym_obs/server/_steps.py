@@ -86,7 +86,7 @@ class _Polled(Protocol):
 class DisconnectStep(Protocol):
     """``_disconnect.DisconnectWatch``."""
 
-    def poll(self, receive: Receive, exchange: Exchange) -> _Polled | None: ...
+    def poll(self, receive: Receive) -> _Polled | None: ...
 
     async def watched(
         self, app: ASGIApp, scope: Scope, receive: Receive, send: Send, exchange: Exchange
@@ -184,7 +184,7 @@ class RequestSteps:
                 if disconnect is None:
                     await app(scope, receive, send)
                 else:
-                    sweeper = disconnect.poll(receive, exchange)
+                    sweeper = disconnect.poll(receive)
                     if sweeper is None:  # not uvicorn: a watcher task reads ``receive`` for the app
                         await disconnect.watched(app, scope, receive, send, exchange)
                     else:
