@@ -45,6 +45,7 @@ pytestmark = pytest.mark.integration
 PORT = 28010
 HEAD_PORT = 28011
 TRACED_PORT = 28012
+HANG_PORT = 28024
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 SPAN_ID = "b7ad6b7169203331"
 TRACEPARENT = f"00-{TRACE_ID}-{SPAN_ID}-01"
@@ -132,9 +133,11 @@ def _config(**server: Any) -> GlobalConfig:
 
 
 @contextlib.contextmanager
-def _uvicorn(app: Any, port: int, host: str = "127.0.0.1") -> Iterator[None]:
+def _uvicorn(app: Any, port: int, host: str = "127.0.0.1", http: str = "auto") -> Iterator[None]:
     server = uvicorn.Server(
-        uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on", log_config=None)
+        uvicorn.Config(
+            app, host=host, port=port, http=http, log_level="warning", lifespan="on", log_config=None
+        )
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -233,25 +236,29 @@ async def test_segment_stripped_when_traces_are_off(http: httpx.AsyncClient) -> 
 # --- replies --------------------------------------------------------------------------------------------
 
 
-async def test_a_caller_hanging_up_cancels_the_handler_with_no_task_per_request(running: str) -> None:
-    """Under uvicorn the disconnect step watches uvicorn's own flags: the hung-up request is cancelled and
-    no watcher task was started for it (the path for other servers would have one by then)."""
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+async def test_a_caller_hanging_up_cancels_the_handler_with_no_task_per_request(http: str) -> None:
+    """Under uvicorn (either HTTP implementation) the disconnect step watches uvicorn's own flags: the
+    hung-up request is cancelled and no watcher task was started for it (the path for other servers would
+    have one by then)."""
     HANGS.clear()
-    reader, writer = await asyncio.open_connection("127.0.0.1", PORT)
-    writer.write(b"GET /hang HTTP/1.1\r\nHost: x\r\n\r\n")
-    await writer.drain()
-    for _ in range(200):
-        if HANGS:
-            break
-        await asyncio.sleep(0.01)
-    writer.close()
-    await writer.wait_closed()
-    for _ in range(200):
-        if HANGS[-1:] == ["cancelled"]:
-            break
-        await asyncio.sleep(0.01)
-    assert HANGS == ["waiting with 0 watchers", "cancelled"]
-    assert await reader.read() == b""  # nothing was sent for the abandoned request
+    app = EdgeServer("edge", _config(port=HANG_PORT)).build_app()
+    with _uvicorn(app, HANG_PORT, http=http):
+        reader, writer = await asyncio.open_connection("127.0.0.1", HANG_PORT)
+        writer.write(b"GET /hang HTTP/1.1\r\nHost: x\r\n\r\n")
+        await writer.drain()
+        for _ in range(200):
+            if HANGS:
+                break
+            await asyncio.sleep(0.01)
+        writer.close()
+        await writer.wait_closed()
+        for _ in range(200):
+            if HANGS[-1:] == ["cancelled"]:
+                break
+            await asyncio.sleep(0.01)
+        assert HANGS == ["waiting with 0 watchers", "cancelled"]
+        assert await reader.read() == b""  # nothing was sent for the abandoned request
 
 
 async def test_streaming_and_validation_replies_pass_through(http: httpx.AsyncClient) -> None:
