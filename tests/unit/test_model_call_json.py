@@ -63,6 +63,32 @@ def _drop(path: tuple[Any, ...]) -> Callable[[dict[str, Any]], None]:
     return change
 
 
+def _usage_changes(counted_in: str, counted_out: str) -> dict[str, Callable[[dict[str, Any]], None]]:
+    """One change each to the ``usage`` block of a dialect whose two counts are ``counted_in`` and
+    ``counted_out`` (``prompt_tokens`` / ``completion_tokens`` in chat, ``input_tokens`` / ``output_tokens``
+    in Responses), each with its ``<count>_details``."""
+    in_word, out_word = counted_in.split("_")[0], counted_out.split("_")[0]
+    in_details, out_details = f"{counted_in}_details", f"{counted_out}_details"
+    return {
+        "no usage": _drop(("usage",)),
+        "usage null": _set(("usage",), None),
+        "usage a list": _set(("usage",), [3, 2]),
+        f"no {in_word} count": _drop(("usage", counted_in)),
+        f"no {out_word} count": _drop(("usage", counted_out)),
+        "count a bool": _set(("usage", counted_in), True),
+        "count a float": _set(("usage", counted_out), 2.0),
+        "count negative": _set(("usage", counted_in), -1),
+        "count at the limit": _set(("usage", counted_in), MAX_TOKENS),
+        "count over the limit": _set(("usage", counted_out), MAX_TOKENS + 1),
+        "count a str": _set(("usage", counted_in), "3"),
+        "details null": _set(("usage", in_details), None),
+        "cached details": _set(("usage", in_details), {"cached_tokens": 1}),
+        "reasoning details": _set(("usage", out_details), {"reasoning_tokens": 1}),
+        "empty details": _set(("usage", out_details), {}),
+        "bad details": _set(("usage", out_details), {"reasoning_tokens": -4}),
+    }
+
+
 # One change each to the usual reply: the ones the fast path takes, and the ones it must leave to genai.
 CHANGES: dict[str, Callable[[dict[str, Any]], None]] = {
     "usual": lambda reply: None,
@@ -80,22 +106,7 @@ CHANGES: dict[str, Callable[[dict[str, Any]], None]] = {
     "no choices": _set(("choices",), []),
     "choice not a dict": _set(("choices",), ["stop"]),
     "choices a dict": _set(("choices",), {"0": {"finish_reason": "stop"}}),
-    "no usage": _drop(("usage",)),
-    "usage null": _set(("usage",), None),
-    "usage a list": _set(("usage",), [3, 2]),
-    "no prompt count": _drop(("usage", "prompt_tokens")),
-    "no completion count": _drop(("usage", "completion_tokens")),
-    "count a bool": _set(("usage", "prompt_tokens"), True),
-    "count a float": _set(("usage", "completion_tokens"), 2.0),
-    "count negative": _set(("usage", "prompt_tokens"), -1),
-    "count at the limit": _set(("usage", "prompt_tokens"), MAX_TOKENS),
-    "count over the limit": _set(("usage", "completion_tokens"), MAX_TOKENS + 1),
-    "count a str": _set(("usage", "prompt_tokens"), "3"),
-    "details null": _set(("usage", "prompt_tokens_details"), None),
-    "cached details": _set(("usage", "prompt_tokens_details"), {"cached_tokens": 1}),
-    "reasoning details": _set(("usage", "completion_tokens_details"), {"reasoning_tokens": 1}),
-    "empty details": _set(("usage", "completion_tokens_details"), {}),
-    "bad details": _set(("usage", "completion_tokens_details"), {"reasoning_tokens": -4}),
+    **_usage_changes("prompt_tokens", "completion_tokens"),
     "model empty": _set(("model",), ""),
     "model unprintable": _set(("model",), "m\x00"),
     "model long": _set(("model",), "m" * 257),
@@ -153,22 +164,7 @@ RESPONSE_CHANGES: dict[str, Callable[[dict[str, Any]], None]] = {
     "status in progress": _set(("status",), "in_progress"),
     "status a number": _set(("status",), 7),
     "no status": _drop(("status",)),
-    "no usage": _drop(("usage",)),
-    "usage null": _set(("usage",), None),
-    "usage a list": _set(("usage",), [3, 2]),
-    "no input count": _drop(("usage", "input_tokens")),
-    "no output count": _drop(("usage", "output_tokens")),
-    "count a bool": _set(("usage", "input_tokens"), True),
-    "count a float": _set(("usage", "output_tokens"), 2.0),
-    "count negative": _set(("usage", "input_tokens"), -1),
-    "count at the limit": _set(("usage", "input_tokens"), MAX_TOKENS),
-    "count over the limit": _set(("usage", "output_tokens"), MAX_TOKENS + 1),
-    "count a str": _set(("usage", "input_tokens"), "3"),
-    "details null": _set(("usage", "input_tokens_details"), None),
-    "cached details": _set(("usage", "input_tokens_details"), {"cached_tokens": 1}),
-    "reasoning details": _set(("usage", "output_tokens_details"), {"reasoning_tokens": 1}),
-    "empty details": _set(("usage", "output_tokens_details"), {}),
-    "bad details": _set(("usage", "output_tokens_details"), {"reasoning_tokens": -4}),
+    **_usage_changes("input_tokens", "output_tokens"),
     **{name: change for name, change in CHANGES.items() if name.startswith(_NAMES)},
 }
 RESPONSE_USUAL: frozenset[str] = frozenset(
