@@ -248,7 +248,7 @@ def test_the_choice_of_server_instrumentation(
         assert names.ENV_SERVER_INSTRUMENTATION in message
 
 
-def _stack_types(app: FastAPI) -> list[str]:
+def stack_types(app: FastAPI) -> list[str]:
     """The types of ``app``'s built middleware stack, outermost first, down to the router."""
     found: list[str] = []
     node: Any = app.build_middleware_stack()
@@ -263,10 +263,10 @@ def test_a_gym_server_stack_has_no_fastapi_exception_observer() -> None:
     requests never carry that telemetry, so its stack is built without the frame (the rest unchanged)."""
     plain = FastAPI()
     disable_native_telemetry(plain)
-    if "ExceptionTelemetryMiddleware" not in _stack_types(plain):
+    if "ExceptionTelemetryMiddleware" not in stack_types(plain):
         pytest.skip("this FastAPI has no built-in exception observer")
     gym = FastAPI()
     disable_native_telemetry(gym)
     drop_exception_observer(gym)
-    expected = [name for name in _stack_types(plain) if name != "ExceptionTelemetryMiddleware"]
-    assert _stack_types(gym) == expected
+    expected = [name for name in stack_types(plain) if name != "ExceptionTelemetryMiddleware"]
+    assert stack_types(gym) == expected

@@ -9,9 +9,10 @@ innermost layer first, as if each layer had wrapped ``send`` itself.
 
 The outermost gym layer (``_context``, or, with telemetry off, the gym layers' one frame starting with the
 context step: ``_steps``) creates the exchange and binds ``send``, so the layers inside get the shared
-wrapper and only look the exchange up. Cost per request: one small object and one ``send``
-wrapper for all the layers together. The wrapper is a plain function returning the wrapped ``send``'s
-awaitable, not a coroutine of its own: every message of every request passes it.
+wrapper and only look the exchange up (Starlette's server-error layer too, run by that frame:
+``_server_errors``). Cost per request: one small object and one ``send`` wrapper for all the layers
+together. The wrapper is a plain function returning the wrapped ``send``'s awaitable, not a coroutine of
+its own: every message of every request passes it.
 
 The exchange is also the request's failure-log holder (``failures.transport``): the failure layer makes it
 current, and the log is made only when a failure is recorded; the report header is added on the reply

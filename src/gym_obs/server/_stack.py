@@ -27,7 +27,9 @@ middleware stack from outside (contrib's instrumentation does the same from insi
 installers: they run as steps of one frame (``_steps.RequestSteps``), one FastAPI middleware where the
 outermost of them sits, in this same order. ``context`` may be given as a step too (a
 ``_context.PathContext``) when no layer sits between it and the app (no ``span``: telemetry off); then
-the one frame starts with it, inside FastAPI's error middleware and before routing.
+the one frame starts with it, inside FastAPI's error middleware and before routing. ``SimpleServer`` then
+lifts that frame to the top of the app's stack, in place of FastAPI's frames that do nothing for a gym
+request, with Starlette's error layer as its outermost step (``_server_errors.steps_on_top``).
 """
 
 from __future__ import annotations

@@ -10,10 +10,11 @@ log around the handler and the failure reply, the disconnect watch around the ha
 failure step, one context variable makes both the session and the failure log current (the exchange
 holds them); a session step without it sets the sessions' own variable. With telemetry off the context
 layer (``_context.PathContext``) is the first step (nothing sits between them): path segments, rollout
-context and the exchange are then made in this frame too. No step wraps
-``receive`` or ``send`` unless the request needs it (a JSON-named session replays the body it read; a
-server other than uvicorn gets the disconnect watcher's ``receive``); ``send`` is the request's one
-:class:`~gym_obs.server._exchange.Exchange` wrapper.
+context and the exchange are then made in this frame too. In a gym server the frame is the top of the
+FastAPI app's stack, with Starlette's server-error layer as its outermost step (``_server_errors``). No
+step wraps ``receive`` or ``send`` unless the request needs it (a JSON-named session replays the body it
+read; a server other than uvicorn gets the disconnect watcher's ``receive``); ``send`` is the request's
+one :class:`~gym_obs.server._exchange.Exchange` wrapper.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from gym_obs.server._instrumentation import restore_after_instrumentation
 from gym_obs.telemetry import inflight
 from gym_obs.telemetry.propagation import ROLLOUT_ID
 
-__all__ = ["DisconnectStep", "FailureStep", "RequestSteps", "SessionStep"]
+__all__ = ["DisconnectStep", "ErrorStep", "FailureStep", "RequestSteps", "SessionStep"]
 
 # What this frame needs of each step (the steps' modules import this one, so it names none of them).
 
@@ -83,6 +84,12 @@ class _Polled(Protocol):
     def leave(self) -> None: ...
 
 
+class ErrorStep(Protocol):
+    """``_server_errors.ServerErrors``."""
+
+    async def reply(self, error: Exception, scope: Scope, receive: Receive, send: Send) -> None: ...
+
+
 class DisconnectStep(Protocol):
     """``_disconnect.DisconnectWatch``."""
 
@@ -99,6 +106,10 @@ class RequestSteps:
     ``context`` (``_context.PathContext``): the context layer as the first step, for a stack where nothing
     sits between it and the app (telemetry off: no SERVER-span layer); it then runs inside FastAPI's
     error middleware, before routing, as it ran before it. A websocket gets it as a frame of its own.
+
+    ``errors`` (``_server_errors.ServerErrors``, set when the stack is built): Starlette's server-error
+    layer, for a frame that took its place at the top of the app's stack (``_server_errors.steps_on_top``);
+    an exception no step settled is answered by it, unless the reply has started, and raised again.
     """
 
     __slots__ = (
@@ -109,6 +120,7 @@ class RequestSteps:
         "app",
         "context",
         "disconnect",
+        "errors",
         "failures",
         "sessions",
     )
@@ -127,6 +139,7 @@ class RequestSteps:
         self.sessions = sessions
         self.failures = failures
         self.disconnect = disconnect
+        self.errors: ErrorStep | None = None
         self._not_http_app: ASGIApp = self._not_http if context is None else context.around(self._not_http)
         # The failure step's static methods, looked up once: through the step object each would be a slow
         # look-up per request on Python 3.11 (a static method is not specialized there).
@@ -139,30 +152,26 @@ class RequestSteps:
         if scope["type"] != "http":
             await self._not_http_app(scope, receive, send)
             return
-        context = self.context
-        rollout_id: str | None = None
-        if context is None:
-            exchange: Exchange | None = scope.get(EXCHANGE_SCOPE_KEY)
-            if exchange is None or not exchange.bound:  # (bound by the context layer: the common case)
-                exchange, send = Exchange.join(scope, send)
-        else:
-            if scope["path"] in context.control_paths and context.control is not None:
-                await context.control(scope, receive, send)
-                return
-            exchange = scope[EXCHANGE_SCOPE_KEY] = Exchange()
-            send = exchange.bind(send)  # the one send wrapper of the steps
-            rollout_id = context.open(scope, exchange)
-        failures = self.failures
-        if failures is not None and failures.restore_query:
-            restore_after_instrumentation(scope)  # the query the path middleware hid from the SERVER span
+        exchange: Exchange | None = scope.get(EXCHANGE_SCOPE_KEY)
+        if exchange is None or not exchange.bound:  # (else made and bound by the context layer outside)
+            exchange, send = Exchange.join(scope, send)  # the one send wrapper of the steps
         rollout: Token[str | None] | None = None
-        if rollout_id is not None:
-            # Every hop of a rollout carries its id (set directly, as ``PathContextMiddleware`` does), and
-            # is in the in-flight table while it runs (agents only).
-            rollout = ROLLOUT_ID.set(rollout_id)
-            tracked = inflight.rollout(rollout_id)
-            tracked.__enter__()
         try:
+            context = self.context
+            if context is not None:
+                if scope["path"] in context.control_paths and context.control is not None:
+                    await context.control(scope, receive, send)
+                    return
+                rollout_id = context.open(scope, exchange)
+                if rollout_id is not None:
+                    # Every hop of a rollout carries its id (set directly, as ``PathContextMiddleware`` does),
+                    # and is in the in-flight table while it runs (agents only).
+                    rollout = ROLLOUT_ID.set(rollout_id)
+                    tracked = inflight.rollout(rollout_id)
+                    tracked.__enter__()
+            failures = self.failures
+            if failures is not None and failures.restore_query:
+                restore_after_instrumentation(scope)  # the query the path middleware hid from the SERVER span
             session: _Session | None = None
             sessions = self.sessions
             if sessions is not None and scope["path"] not in sessions.excluded_paths:
@@ -211,6 +220,12 @@ class RequestSteps:
                     exchange.session = outer_session  # (the session refers to the exchange: no cycle)
                     if session.ends:
                         session.end()
+        except Exception as unhandled:
+            errors = self.errors
+            if errors is None or exchange.response_started:
+                raise
+            await errors.reply(unhandled, scope, receive, send)
+            raise  # (as Starlette's layer does: the server logs it)
         finally:
             if rollout is not None:
                 tracked.__exit__(None, None, None)

@@ -33,6 +33,7 @@ from gym_obs.server._heap import freeze_startup_heap
 from gym_obs.server._instrumentation import HEALTH_ROUTES
 from gym_obs.server._native_telemetry import disable_native_telemetry, drop_exception_observer
 from gym_obs.server._profiler import profiler_for
+from gym_obs.server._server_errors import steps_on_top
 from gym_obs.server._session_routing import (
     OwnerRoutingMiddleware,
     owner_routing_dir,
@@ -262,7 +263,7 @@ class SimpleServer(BaseServer, abc.ABC):
             control = self._control_routes(inner) if owner_routing is None else None
             return PathContext(hide_query=hide_query, control=control, control_paths=InflightRoute.PATHS)
 
-        return build_stack(
+        built = build_stack(
             app,
             {
                 "control": self._control_routes if owner_routing is not None else None,
@@ -275,6 +276,10 @@ class SimpleServer(BaseServer, abc.ABC):
                 "model_calls": self._install_model_calls,
             },
         )
+        # The gym frame at the top of the app's stack, with Starlette's error layer as its step. After the
+        # SERVER span: contrib's instrumentation wraps FastAPI's own top (then the stack is left as it is).
+        steps_on_top(app)
+        return built
 
     def _control_routes(self, app: ASGIApp) -> ASGIApp:
         return inflight_route_for(app, self.server_name, self.server_type, self.global_config)

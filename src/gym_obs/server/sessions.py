@@ -56,7 +56,9 @@ __all__ = [
 SESSION_ID_KEY: Final = "session_id"
 MAX_SESSION_ID_CHARS: Final = 256
 
-RESOLVED_SCOPE_KEY: Final = "gym_obs.session"  # the session id an outer middleware already resolved
+#: the session id a request names, resolved before the sessions step (by the owner router, or from the JSON
+#: body); ``None``: it names none
+RESOLVED_SCOPE_KEY: Final = "gym_obs.session"
 _MAX_TOKEN_CHARS: Final = 512
 _SIG_BYTES: Final = 16
 _MAX_JSON_BODY: Final = 1 << 20
@@ -382,29 +384,28 @@ class SessionLayer:
         return session_id
 
     def open(self, scope: Scope, exchange: Exchange | None = None) -> RequestSession | None:
-        """Resolve the request's session from its headers (or the owner router) (a session issued later
-        goes back on ``exchange``'s reply); ``None`` when the JSON body must be read first (then call
-        :meth:`open_reading_body`).
+        """The request's session, as ``scope["session"]`` and on ``exchange`` (not yet current: see
+        :meth:`enter`; a session issued later goes back on ``exchange``'s reply), resolved from its headers;
+        ``None`` when the JSON body must be read first (then call :meth:`open_reading_body`).
 
-        The headers are read through the exchange's ``headers_by_name`` (built once by the context
-        layer); a request with neither the session header nor a cookie (most) verifies no token.
+        A session resolved outside (``RESOLVED_SCOPE_KEY``: by the owner router; ``None``: no session named)
+        is taken as it is. The headers are read through the exchange's ``headers_by_name`` (built once by
+        the context layer); a request with neither the session header nor a cookie (most) verifies no token.
+        The session is made here, not in a helper: every request of a server with sessions passes.
         """
-        session_id: str | None = scope.pop(RESOLVED_SCOPE_KEY, None)
-        if session_id is None:
+        if RESOLVED_SCOPE_KEY in scope:
+            session_id: str | None = scope.pop(RESOLVED_SCOPE_KEY)
+        else:
+            session_id = None
             headers = scope["headers"]
             by_name = exchange.headers_by_name if exchange is not None else None
             if by_name is None:
                 by_name = dict(headers)
             if _HEADER in by_name or _COOKIE_HEADER in by_name:
                 session_id = _session_from_header_map(headers, by_name, self.signer, self.routing)
-            wants_body = self.routing.json_field and scope["type"] == "http"
-            if session_id is None and wants_body and _is_json(headers):
+            routing = self.routing
+            if session_id is None and routing.json_field and scope["type"] == "http" and _is_json(headers):
                 return None
-        return self._session(scope, session_id, exchange)
-
-    def _session(self, scope: Scope, session_id: str | None, exchange: Exchange | None) -> RequestSession:
-        """The request's session, as ``scope["session"]`` and on ``exchange`` (not yet current: see
-        :meth:`enter`)."""
         session = scope["session"] = RequestSession()
         session._layer = self
         session._exchange = exchange
@@ -428,8 +429,10 @@ class SessionLayer:
         """:meth:`open` for a session named by a JSON field: the body is read and replayed."""
         messages, body = await read_body(receive)
         field = self.routing.json_field
-        session_id = json_field_value(body, field) if field else None
-        return self._session(scope, session_id, exchange), replaying(messages, receive)
+        scope[RESOLVED_SCOPE_KEY] = json_field_value(body, field) if field else None
+        session = self.open(scope, exchange)
+        assert session is not None  # (resolved: the body is not asked for again)
+        return session, replaying(messages, receive)
 
     def reply_start(self, message: Message, session: RequestSession) -> Message:
         """The ``http.response.start`` message with a session issued during this request handed back."""
