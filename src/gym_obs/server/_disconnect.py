@@ -269,7 +269,10 @@ class DisconnectWatch:
         the running loop is asked for (``asyncio.get_running_loop`` makes a ``getpid`` system call on
         every call before Python 3.12) only when a request comes from another server than the last one.
         """
-        cycle: Any = getattr(receive, "__self__", None)
+        try:
+            cycle: Any = receive.__self__  # type: ignore[attr-defined]
+        except AttributeError:  # (not a method: not uvicorn's)
+            return None
         if type(cycle) is not self._cycle_type:
             if type(getattr(cycle, "disconnected", None)) is not bool or _server_tasks(cycle) is None:
                 return None

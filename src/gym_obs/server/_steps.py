@@ -153,8 +153,11 @@ class RequestSteps:
             await self._not_http_app(scope, receive, send)
             return
         exchange: Exchange | None = scope.get(EXCHANGE_SCOPE_KEY)
-        if exchange is None or not exchange.bound:  # (else made and bound by the context layer outside)
-            exchange, send = Exchange.join(scope, send)  # the one send wrapper of the steps
+        if exchange is None:  # (else made, and bound, by the context layer outside: telemetry on)
+            exchange = scope[EXCHANGE_SCOPE_KEY] = Exchange()
+            send = exchange.bind(send)  # the one send wrapper of the steps
+        elif not exchange.bound:
+            send = exchange.bind(send)
         rollout: Token[str | None] | None = None
         try:
             context = self.context
