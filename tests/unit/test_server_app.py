@@ -35,6 +35,7 @@ from gym_obs.server.uvicorn import ServerStartupError
 from gym_obs.telemetry import names
 from gym_obs.telemetry.propagation import current_rollout_id
 from gym_obs.telemetry.testing import Capture, telemetry_state
+from tests.unit.test_server_span import stack_types
 
 STATE = telemetry_state()
 
@@ -194,11 +195,7 @@ async def test_the_built_stack_has_no_fastapi_exception_observer(
         assert (await http.get("/boom")).status_code == 500
     while not isinstance(app, FastAPI):
         app = app.app
-    layers: list[str] = []
-    node: Any = app.middleware_stack
-    while node is not None and len(layers) < 20:
-        layers.append(type(node).__qualname__)
-        node = getattr(node, "app", None)
+    layers = stack_types(app)
     assert "ExceptionTelemetryMiddleware" not in layers and "RequestSteps" in layers
 
 

@@ -27,7 +27,8 @@ from starlette.types import ASGIApp
 
 NATIVE_TELEMETRY_SCOPE_KEY: Final = "fastapi.telemetry"
 
-_OBSERVER: Final = ("fastapi.telemetry._asgi", "ExceptionTelemetryMiddleware")
+#: FastAPI's exception observer, by its type's module and name
+EXCEPTION_OBSERVER: Final = ("fastapi.telemetry._asgi", "ExceptionTelemetryMiddleware")
 _OFF: Final = {
     "tracing": False,
     "metrics": False,
@@ -46,6 +47,12 @@ def disable_native_telemetry(app: Any) -> bool:
     return True
 
 
+def frame_kind(frame: object) -> tuple[str, str]:
+    """The module and name of a middleware stack frame's type: how FastAPI's own frames are known here (by
+    name, not imported: a FastAPI version without one does not fail)."""
+    return type(frame).__module__, type(frame).__qualname__
+
+
 def drop_exception_observer(app: Any) -> None:
     """Build ``app``'s middleware stack without FastAPI's exception observer
     (``ExceptionTelemetryMiddleware``): for a gym server's app, whose requests all carry
@@ -60,7 +67,7 @@ def drop_exception_observer(app: Any) -> None:
         outer: Any = stack
         inner: Any = getattr(outer, "app", None)
         while inner is not None:
-            if (type(inner).__module__, type(inner).__qualname__) == _OBSERVER and hasattr(inner, "app"):
+            if frame_kind(inner) == EXCEPTION_OBSERVER and hasattr(inner, "app"):
                 outer.app = inner.app
                 break
             outer, inner = inner, getattr(inner, "app", None)

@@ -24,13 +24,13 @@ from typing import Any, Final
 from starlette.middleware.errors import ServerErrorMiddleware
 from starlette.types import ASGIApp, ExceptionHandler, Receive, Scope, Send
 
+from gym_obs.server._native_telemetry import EXCEPTION_OBSERVER, frame_kind
 from gym_obs.server._steps import RequestSteps
 
 __all__ = ["ServerErrors", "steps_on_top"]
 
-#: FastAPI's frames that pass a gym request on unchanged (by module and name; the body-limit frame only in
-#: an app without a body limit)
-_OBSERVER: Final = ("fastapi.telemetry._asgi", "ExceptionTelemetryMiddleware")
+#: FastAPI's body-limit frame, by module and name: with the exception observer, a frame that passes a gym
+#: request on unchanged (in an app without a body limit)
 _BODY_LIMIT: Final = ("fastapi._body_limit", "AppBodyLimitMiddleware")
 
 
@@ -83,9 +83,11 @@ def steps_on_top(app: Any) -> None:
         stack: ASGIApp = build()
         if type(stack) is not ServerErrorMiddleware:
             return stack
-        passing = {_OBSERVER} if getattr(app, "max_body_size", None) is not None else {_OBSERVER, _BODY_LIMIT}
+        passing = {EXCEPTION_OBSERVER}
+        if getattr(app, "max_body_size", None) is None:
+            passing.add(_BODY_LIMIT)
         node: Any = stack.app
-        while (type(node).__module__, type(node).__qualname__) in passing:
+        while frame_kind(node) in passing:
             node = node.app
         if not isinstance(node, RequestSteps):
             return stack

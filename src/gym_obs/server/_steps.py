@@ -153,6 +153,7 @@ class RequestSteps:
             await self._not_http_app(scope, receive, send)
             return
         exchange: Exchange | None = scope.get(EXCHANGE_SCOPE_KEY)
+        # (``Exchange.join``, written out: one call less on every request)
         if exchange is None:  # (else made, and bound, by the context layer outside: telemetry on)
             exchange = scope[EXCHANGE_SCOPE_KEY] = Exchange()
             send = exchange.bind(send)  # the one send wrapper of the steps
