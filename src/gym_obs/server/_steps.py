@@ -11,17 +11,17 @@ failure step, one context variable makes both the session and the failure log cu
 holds them); a session step without it sets the sessions' own variable. With telemetry off the context
 layer (``_context.PathContext``) is the first step (nothing sits between them): path segments, rollout
 context and the exchange are then made in this frame too. In a gym server the frame is the top of the
-FastAPI app's stack, with Starlette's server-error layer as its outermost step (``_server_errors``). No
-step wraps ``receive`` or ``send`` unless the request needs it (a JSON-named session replays the body it
-read; a server other than uvicorn gets the disconnect watcher's ``receive``); ``send`` is the request's
-one :class:`~gym_obs.server._exchange.Exchange` wrapper.
+FastAPI app's stack, with Starlette's server-error layer as its outermost step and its exception layer
+as its innermost (``_server_errors``). No step wraps ``receive`` or ``send`` unless the request needs it
+(a JSON-named session replays the body it read; a server other than uvicorn gets the disconnect watcher's
+``receive``); ``send`` is the request's one :class:`~gym_obs.server._exchange.Exchange` wrapper.
 """
 
 from __future__ import annotations
 
 import asyncio
 from contextvars import Token
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -31,7 +31,10 @@ from gym_obs.server._instrumentation import restore_after_instrumentation
 from gym_obs.telemetry import inflight
 from gym_obs.telemetry.propagation import ROLLOUT_ID
 
-__all__ = ["DisconnectStep", "ErrorStep", "FailureStep", "RequestSteps", "SessionStep"]
+__all__ = ["DisconnectStep", "ErrorStep", "FailureStep", "HandledStep", "RequestSteps", "SessionStep"]
+
+#: where Starlette's exception layer puts the app's exception handlers for the routes (``HandledStep``)
+_HANDLERS_SCOPE_KEY: Final = "starlette.exception_handlers"
 
 # What this frame needs of each step (the steps' modules import this one, so it names none of them).
 
@@ -90,6 +93,19 @@ class ErrorStep(Protocol):
     async def reply(self, error: Exception, scope: Scope, receive: Receive, send: Send) -> None: ...
 
 
+class HandledStep(Protocol):
+    """``_server_errors.HandledErrors``."""
+
+    #: the app inside the exception layer this step runs in place of, and the handlers that layer puts in
+    #: the scope (for the routes' own exception handling)
+    app: ASGIApp
+    handlers: tuple[Any, Any]
+
+    async def reply(
+        self, error: Exception, scope: Scope, receive: Receive, send: Send, started: bool
+    ) -> bool: ...
+
+
 class DisconnectStep(Protocol):
     """``_disconnect.DisconnectWatch``."""
 
@@ -110,6 +126,11 @@ class RequestSteps:
     ``errors`` (``_server_errors.ServerErrors``, set when the stack is built): Starlette's server-error
     layer, for a frame that took its place at the top of the app's stack (``_server_errors.steps_on_top``);
     an exception no step settled is answered by it, unless the reply has started, and raised again.
+
+    ``handled`` (``_server_errors.HandledErrors``, set with ``errors``): Starlette's exception layer (the
+    app's exception handlers), for a frame that took its place too, as the innermost step: an HTTP request
+    then runs ``handled.app``, the app the layer wrapped (``app`` still includes the layer: a websocket, and
+    a request the disconnect step's watcher runs, pass it as before).
     """
 
     __slots__ = (
@@ -122,6 +143,7 @@ class RequestSteps:
         "disconnect",
         "errors",
         "failures",
+        "handled",
         "sessions",
     )
 
@@ -140,6 +162,7 @@ class RequestSteps:
         self.failures = failures
         self.disconnect = disconnect
         self.errors: ErrorStep | None = None
+        self.handled: HandledStep | None = None
         self._not_http_app: ASGIApp = self._not_http if context is None else context.around(self._not_http)
         # The failure step's static methods, looked up once: through the step object each would be a slow
         # look-up per request on Python 3.11 (a static method is not specialized there).
@@ -192,23 +215,31 @@ class RequestSteps:
             elif session is not None:
                 token = sessions.enter(session)  # type: ignore[union-attr]
             try:
-                app = self.app
                 disconnect = self.disconnect
-                if disconnect is None:
-                    await app(scope, receive, send)
+                sweeper = None if disconnect is None else disconnect.poll(receive)
+                if sweeper is None and disconnect is not None:
+                    # not uvicorn: a watcher task reads ``receive`` for the app (the whole app, its
+                    # exception layer too)
+                    await disconnect.watched(self.app, scope, receive, send, exchange)
                 else:
-                    sweeper = disconnect.poll(receive)
-                    if sweeper is None:  # not uvicorn: a watcher task reads ``receive`` for the app
-                        await disconnect.watched(app, scope, receive, send, exchange)
-                    else:
-                        try:
-                            await app(scope, receive, send)
-                        except asyncio.CancelledError:
-                            if not sweeper.absorbs(scope):
-                                raise
-                        finally:
-                            if sweeper.cancelled:  # (empty, hence false, but after a disconnect)
-                                sweeper.leave()
+                    try:
+                        handled = self.handled
+                        if handled is None:
+                            await self.app(scope, receive, send)
+                        else:
+                            scope[_HANDLERS_SCOPE_KEY] = handled.handlers  # (what the layer sets)
+                            try:
+                                await handled.app(scope, receive, send)
+                            except Exception as error:
+                                started = exchange.response_started
+                                if not await handled.reply(error, scope, receive, send, started):
+                                    raise
+                    except asyncio.CancelledError:
+                        if sweeper is None or not sweeper.absorbs(scope):
+                            raise
+                    finally:
+                        if sweeper is not None and sweeper.cancelled:  # (not empty: after a disconnect)
+                            sweeper.leave()
             except Exception as error:
                 if failures is None or not failures.settles(error, exchange):
                     raise
