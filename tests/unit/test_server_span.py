@@ -248,8 +248,11 @@ def test_the_choice_of_server_instrumentation(
         assert names.ENV_SERVER_INSTRUMENTATION in message
 
 
-def stack_types(app: FastAPI) -> list[str]:
-    """The types of ``app``'s built middleware stack, outermost first, down to the router."""
+def stack_types(app: Any) -> list[str]:
+    """The types of a FastAPI app's built middleware stack, outermost first, down to the router (``app``, or
+    a gym server's built app: the FastAPI app inside its wrappers)."""
+    while not isinstance(app, FastAPI):
+        app = app.app
     found: list[str] = []
     node: Any = app.build_middleware_stack()
     while node is not None and len(found) < 20:

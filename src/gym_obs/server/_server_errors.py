@@ -1,5 +1,5 @@
 """The top of a gym app's FastAPI stack: the gym layers' one frame (``_steps``), running Starlette's
-server-error layer as its outermost step.
+server-error layer as its outermost step and its exception layer as its innermost.
 
 FastAPI builds every app's stack as Starlette's ``ServerErrorMiddleware`` (an unhandled exception becomes a
 500 reply, or the app's handler for 500/``Exception``, when no reply has started; then it is raised again
@@ -141,8 +141,11 @@ def steps_on_top(app: Any) -> None:
         if not isinstance(node, RequestSteps):
             return stack
         node.errors = ServerErrors(stack.handler, stack.debug)
-        if type(node.app) is ExceptionMiddleware and hasattr(node.app, "_status_handlers"):
-            node.handled = HandledErrors(node.app)
+        layer = node.app
+        if type(layer) is ExceptionMiddleware and all(
+            hasattr(layer, name) for name in ("_exception_handlers", "_status_handlers")
+        ):
+            node.handled = HandledErrors(layer)
         return node
 
     app.build_middleware_stack = build_with_steps_on_top

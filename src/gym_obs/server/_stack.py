@@ -29,7 +29,8 @@ outermost of them sits, in this same order. ``context`` may be given as a step t
 ``_context.PathContext``) when no layer sits between it and the app (no ``span``: telemetry off); then
 the one frame starts with it, inside FastAPI's error middleware and before routing. ``SimpleServer`` then
 lifts that frame to the top of the app's stack, in place of FastAPI's frames that do nothing for a gym
-request, with Starlette's error layer as its outermost step (``_server_errors.steps_on_top``).
+request, with Starlette's error layer as its outermost step and its exception layer as its innermost
+(``_server_errors.steps_on_top``).
 """
 
 from __future__ import annotations

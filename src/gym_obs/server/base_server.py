@@ -276,7 +276,7 @@ class SimpleServer(BaseServer, abc.ABC):
                 "model_calls": self._install_model_calls,
             },
         )
-        # The gym frame at the top of the app's stack, with Starlette's error layer as its step. After the
+        # The gym frame at the top of the app's stack, with Starlette's error layers as its steps. After the
         # SERVER span: contrib's instrumentation wraps FastAPI's own top (then the stack is left as it is).
         steps_on_top(app)
         return built
